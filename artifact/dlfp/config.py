@@ -1,0 +1,249 @@
+"""Experiment configuration: one validated YAML file per experiment.
+
+Configs live in ``artifact/dlfp/experiments/<name>.yaml``. Every field is
+checked by pydantic before anything runs; an unknown field, a wrong type or a
+bad value is rejected with a one-line error that names the field (see
+``ConfigError``). Times are seconds; rates are requests per second.
+
+Shared settings come from the paper (arXiv v1, 2026-09-29): 128 output tokens
+per request with ``ignore_eos``, paired seeds 801/802/803, DLFP with 80 ms
+target, 3,072 initial cap, clamp [1,024, 6,144], 128-token quantum. Values the
+paper leaves unstated are listed under ``assumptions`` with their reason.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import controller as ctl
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Assumption(_Strict):
+    """A value the paper does not state, chosen openly."""
+
+    field: str
+    value: Any
+    reason: str
+
+
+class SLO(_Strict):
+    """Per-request service-level objective (seconds): TTFT limit and P99-of-request ITL limit.
+
+    A request passes when its TTFT <= ``ttft_s`` and every one of its
+    inter-token gaps at quantile ``itl_quantile`` is <= ``itl_s``
+    (``itl_quantile`` = 1.0 means the worst gap).
+    """
+
+    ttft_s: float = Field(gt=0)
+    itl_s: float = Field(gt=0)
+    itl_quantile: float = Field(default=1.0, gt=0, le=1.0)
+
+
+class TraceReplay(_Strict):
+    """Replay of a production trace file (Mooncake JSONL or Azure LLM CSV)."""
+
+    path: str
+    format: Literal["mooncake", "azure"]
+    window: int = Field(default=0, ge=0, description="first N usable requests; 0 = all")
+    start: int = Field(default=0, ge=0, description="skip this many rows first")
+    nonmatching: bool = True
+    follow_hash_ids: bool = False
+    use_trace_output_lengths: bool = False
+    max_prompt_tokens: int = Field(default=32768, gt=0)
+
+
+class Workload(_Strict):
+    """Open-loop request workload shared by every backend.
+
+    ``rate`` is requests per second of a Poisson process (``arrival="poisson"``)
+    or the target mean rate a replayed trace is time-scaled to. ``num_warmup``
+    requests come first and are excluded from metrics.
+    """
+
+    kind: Literal["agent", "fixed", "trace"] = "agent"
+    rate: float = Field(gt=0)
+    num_requests: int = Field(gt=0, description="measured requests")
+    num_warmup: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=128, gt=0)
+    prompt_tokens: int | None = Field(default=None, gt=0, description="for kind=fixed")
+    prompt_scale: float = Field(default=1.0, gt=0, description="multiply sampled prompt lengths")
+    min_prompt_tokens: int = Field(default=16, gt=0)
+    max_prompt_tokens: int = Field(default=32768, gt=0)
+    vocab_size: int = Field(default=151936, gt=1000)
+    trace: TraceReplay | None = None
+
+    @field_validator("rate")
+    @classmethod
+    def _finite_rate(cls, v: float) -> float:
+        if v != v or v in (float("inf"),):
+            raise ValueError("rate must be finite")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> "Workload":
+        if self.kind == "fixed" and self.prompt_tokens is None:
+            raise ValueError("workload.prompt_tokens is required when kind=fixed")
+        if self.kind == "trace" and self.trace is None:
+            raise ValueError("workload.trace is required when kind=trace")
+        if self.min_prompt_tokens > self.max_prompt_tokens:
+            raise ValueError("workload.min_prompt_tokens is larger than max_prompt_tokens")
+        return self
+
+
+class PolicyConfig(_Strict):
+    """One arm's prefill policy. ``policy`` names the class in ``dlfp.controller``."""
+
+    policy: Literal["nocap", "fixed", "dlfp", "dlfps"]
+    signal: Literal["host_cadence", "device_completion"] = "host_cadence"
+    cap: int | None = Field(default=None, gt=0, description="for policy=fixed")
+    target_s: float = Field(default=ctl.PAPER_TARGET_S, gt=0)
+    initial_cap: int = ctl.PAPER_INITIAL_CAP
+    min_cap: int = ctl.PAPER_MIN_CAP
+    max_cap: int = ctl.PAPER_MAX_CAP
+    quantum: int = ctl.PAPER_QUANTUM
+    gain: float = Field(default=ctl.PAPER_GAIN, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict, description="extra policy options (dlfps)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PolicyConfig":
+        if self.policy == "fixed" and self.cap is None:
+            raise ValueError("cap is required when policy=fixed")
+        if self.policy in ("dlfp", "dlfps"):
+            # Constructing the controller runs its own checks (clamp, quantum).
+            build_policy(self)
+        return self
+
+
+class ExperimentConfig(_Strict):
+    """One experiment: engine, hardware, workload, arms, seeds, SLO."""
+
+    name: str
+    description: str = ""
+    model: str = Field(description="key in dlfp/models/*.yaml, e.g. qwen3-0.6b")
+    gpu: str = Field(description="key in dlfp/hardware/*.yaml, e.g. a100-sxm4-80gb")
+    tp: int = Field(default=1, ge=1)
+    scheduling: Literal["sync", "async"] = "async"
+    max_num_batched_tokens: int = Field(gt=0)
+    max_num_seqs: int = Field(default=256, gt=0)
+    block_size: int = Field(default=16, gt=0)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int = Field(default=40960, gt=0)
+    workload: Workload
+    slo: SLO
+    arms: dict[str, PolicyConfig]
+    seeds: list[int] = Field(default_factory=lambda: [801, 802, 803], min_length=1)
+    baseline_arm: str = "baseline"
+    assumptions: list[Assumption] = Field(default_factory=list)
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentConfig":
+        if self.baseline_arm not in self.arms:
+            raise ValueError(f"baseline_arm {self.baseline_arm!r} is not one of the arms {sorted(self.arms)}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct, got {self.seeds}")
+        return self
+
+    def with_overrides(self, overrides: dict[str, Any] | None) -> "ExperimentConfig":
+        """A copy with dotted-key overrides applied, e.g. ``{"workload.num_requests": 10}``.
+
+        Raises:
+            ConfigError: an override names a field that does not exist or gives a bad value.
+        """
+        if not overrides:
+            return self
+        data = self.model_dump()
+        for key, value in overrides.items():
+            node = data
+            parts = key.split(".")
+            for p in parts[:-1]:
+                if not isinstance(node, dict) or p not in node:
+                    raise ConfigError(f"override {key!r}: no field {p!r} in experiment {self.name!r}")
+                node = node[p]
+            if not isinstance(node, dict) or (parts[-1] not in node and parts[0] not in ("arms", "backend_options")):
+                raise ConfigError(f"override {key!r}: no field {parts[-1]!r} in experiment {self.name!r}")
+            node[parts[-1]] = copy.deepcopy(value)
+        return _validate(data, f"experiment {self.name!r} with overrides {overrides}")
+
+
+def _validate(data: dict, where: str) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise ConfigError(f"{where}: field {loc}: {err['msg']}") from None
+
+
+def build_policy(pc: PolicyConfig) -> ctl.Policy:
+    """Construct the policy object an arm describes.
+
+    Raises:
+        ValueError: invalid controller parameters (message names the value).
+    """
+    if pc.policy == "nocap":
+        return ctl.NoCap(signal=pc.signal)
+    if pc.policy == "fixed":
+        return ctl.FixedCap(pc.cap, signal=pc.signal)  # type: ignore[arg-type]
+    kw = dict(
+        target_s=pc.target_s,
+        initial_cap=pc.initial_cap,
+        min_cap=pc.min_cap,
+        max_cap=pc.max_cap,
+        quantum=pc.quantum,
+        gain=pc.gain,
+        signal=pc.signal,
+    )
+    if pc.policy == "dlfp":
+        return ctl.DLFP(**kw)
+    from . import controller_s  # DLFP-S (issue 8)
+
+    return controller_s.DLFPS(**kw, **pc.options)
+
+
+def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:
+    """Names of the experiment configs shipped in ``directory``, sorted."""
+    return sorted(p.stem for p in Path(directory).glob("*.yaml"))
+
+
+def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Load and validate an experiment by name (``experiments/<name>.yaml``) or path.
+
+    Raises:
+        ConfigError: unknown experiment name (lists the known ones), unreadable
+            YAML, or a field that fails validation (names the field).
+    """
+    p = Path(name_or_path)
+    if p.suffix not in (".yaml", ".yml"):
+        p = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
+        if not p.exists():
+            raise ConfigError(
+                f"unknown experiment {str(name_or_path)!r}; known: {', '.join(list_experiments()) or '(none)'}"
+            )
+    if not p.exists():
+        raise ConfigError(f"experiment config {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level")
+    cfg = _validate(data, str(p))
+    if p.parent == EXPERIMENTS_DIR and cfg.name != p.stem:
+        raise ConfigError(f"{p}: field name: {cfg.name!r} does not match the file name {p.stem!r}")
+    return cfg.with_overrides(overrides)
