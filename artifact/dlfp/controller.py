@@ -23,6 +23,7 @@ iteration latency 80 ms, initial cap 3,072 tokens, cap clamped to
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -120,8 +121,13 @@ class Policy(Protocol):
     def observe(self, obs: Observation) -> None: ...
 
 
+def _is_int(value: object) -> bool:
+    """True for Python and numpy integers (``np.int64`` from backends' counters), False for bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # np.bool_ is not Integral
+
+
 def _check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
@@ -199,9 +205,9 @@ class FixedCap(_Base):
 
     def __init__(self, cap: int, signal: str = "host_cadence") -> None:
         super().__init__(signal)
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+        if not _is_int(cap) or cap <= 0:
             raise ValueError(f"fixed cap must be a positive integer number of tokens, got {cap!r}")
-        self.cap = cap
+        self.cap = int(cap)
 
     def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None) -> int | None:
         """``cap`` tokens while ``num_decoding > 0``, else ``None``."""
@@ -265,11 +271,12 @@ class DLFP(_Base):
         if not math.isfinite(g) or g <= 0:
             raise ValueError(f"gain must be a positive finite number, got {gain!r}")
         self.gain = g
-        if isinstance(quantum, bool) or not isinstance(quantum, int) or quantum <= 0:
+        if not _is_int(quantum) or quantum <= 0:
             raise ValueError(f"quantum must be a positive integer number of tokens, got {quantum!r}")
+        quantum = int(quantum)
         self.quantum = quantum
         for nm, v in (("min_cap", min_cap), ("max_cap", max_cap), ("initial_cap", initial_cap)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not _is_int(v) or v <= 0:
                 raise ValueError(f"{nm} must be a positive integer number of tokens, got {v!r}")
             if v % quantum:
                 raise ValueError(f"{nm}={v} is not a multiple of the quantum {quantum}")
@@ -277,8 +284,8 @@ class DLFP(_Base):
             raise ValueError(f"min_cap={min_cap} is larger than max_cap={max_cap}")
         if not min_cap <= initial_cap <= max_cap:
             raise ValueError(f"initial_cap={initial_cap} is outside [min_cap={min_cap}, max_cap={max_cap}]")
-        self.min_cap, self.max_cap, self.initial_cap = min_cap, max_cap, initial_cap
-        self.cap = initial_cap
+        self.min_cap, self.max_cap, self.initial_cap = int(min_cap), int(max_cap), int(initial_cap)
+        self.cap = self.initial_cap
 
     def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None) -> int | None:
         """The current cap (tokens) while ``num_decoding > 0``, else ``None``."""

@@ -196,6 +196,10 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
 
 
 def _json_default(o: Any) -> Any:
+    if isinstance(o, np.bool_):
+        return bool(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
