@@ -4,8 +4,11 @@ This module imports nothing from vLLM. The simulator (``dlfp.sim``), the
 emulated device and the vLLM scheduler patch (``dlfp.vllm_scheduler``) all talk
 to a policy through the same two calls:
 
-* ``prefill_cap(num_decoding, now_s=..., oldest_waiting_s=...)`` -> ``int | None``:
-  asked once per iteration before prefill is scheduled. ``None`` means "no cap":
+* ``prefill_cap(num_decoding, now_s=..., oldest_waiting_s=..., oldest_remaining_tokens=...)``
+  -> ``int | None``: asked once per iteration before prefill is scheduled.
+  ``oldest_waiting_s`` is how long (seconds) the oldest request without a first
+  token has waited, ``oldest_remaining_tokens`` its prompt tokens still to
+  prefill; both optional context (only DLFP-S's TTFT guard reads them). ``None`` means "no cap":
   the engine's own token budget (``max_num_batched_tokens``) is the only limit.
   A cap is the maximum number of TOTAL prefill tokens (all prefilling requests
   together) that this iteration may schedule.
@@ -115,7 +118,8 @@ class Policy(Protocol):
     decisions: list[Decision]
 
     def prefill_cap(
-        self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None
+        self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
+        oldest_remaining_tokens: int | None = None,
     ) -> int | None: ...
 
     def observe(self, obs: Observation) -> None: ...
@@ -184,7 +188,8 @@ class NoCap(_Base):
 
     name = "nocap"
 
-    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None) -> None:
+    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
+                    oldest_remaining_tokens: int | None = None) -> None:
         """Always ``None`` (no cap)."""
         _check_count("num_decoding", num_decoding)
         return None
@@ -209,7 +214,8 @@ class FixedCap(_Base):
             raise ValueError(f"fixed cap must be a positive integer number of tokens, got {cap!r}")
         self.cap = int(cap)
 
-    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None) -> int | None:
+    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
+                    oldest_remaining_tokens: int | None = None) -> int | None:
         """``cap`` tokens while ``num_decoding > 0``, else ``None``."""
         _check_count("num_decoding", num_decoding)
         return self.cap if num_decoding > 0 else None
@@ -287,7 +293,8 @@ class DLFP(_Base):
         self.min_cap, self.max_cap, self.initial_cap = int(min_cap), int(max_cap), int(initial_cap)
         self.cap = self.initial_cap
 
-    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None) -> int | None:
+    def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
+                    oldest_remaining_tokens: int | None = None) -> int | None:
         """The current cap (tokens) while ``num_decoding > 0``, else ``None``."""
         _check_count("num_decoding", num_decoding)
         return self.cap if num_decoding > 0 else None
