@@ -64,6 +64,8 @@ class TraceReplay(_Strict):
     follow_hash_ids: bool = False
     use_trace_output_lengths: bool = False
     max_prompt_tokens: int = Field(default=32768, gt=0)
+    start_by_seed: dict[int, int] | None = Field(
+        default=None, description="seed -> start row; paired seeds replay different trace windows")
 
 
 class Workload(_Strict):

@@ -1,0 +1,75 @@
+"""Host-side costs of vLLM's engine loop (seconds), as named parameters.
+
+These are assumptions with a stated reason, not fitted to the DLFP paper.
+Every cost is host CPU time on the EngineCore thread unless noted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Per-step host costs of the engine loop (seconds).
+
+    * ``schedule_base_s`` 80e-6 + ``schedule_per_req_s`` 4e-6 per running/scheduled
+      request: ``Scheduler.schedule()`` is pure Python (budget loop, KV block
+      allocation, SchedulerOutput construction); tens of microseconds plus a
+      few per request is the order vLLM's own profiles show for small batches.
+    * ``prep_base_s`` 150e-6 + ``prep_per_req_s`` 3e-6 + ``prep_per_token_s`` 0.02e-6:
+      ``GPUModelRunner._prepare_inputs`` (numpy index building, H2D copies of
+      input ids, positions, slot mappings, attention metadata).
+    * launch: ``launch_graph_s`` 40e-6 for a decode-only batch of at most
+      ``cudagraph_max_tokens`` tokens replayed as one FULL CUDA graph;
+      ``launch_piecewise_per_layer_s`` 15e-6 per layer for a mixed batch of at
+      most ``cudagraph_max_tokens`` (piecewise graphs, attention launched
+      eagerly between pieces); ``launch_eager_per_kernel_s`` 5e-6 per kernel
+      (PyTorch dispatch + cudaLaunchKernel) for larger batches that run without
+      graphs. ``cudagraph_max_tokens`` 512 = vLLM's default largest capture size
+      (min(2 * max_num_seqs, 512)). Launch overlaps the device: the batch cannot
+      finish before its last kernel is launched.
+    * ``sample_launch_s`` 30e-6: ``sample_tokens`` (sampler launch, async D2H copy).
+    * ``update_base_s`` 60e-6 + ``update_per_req_s`` 5e-6:
+      ``Scheduler.update_from_output`` (append tokens, stop checks, build
+      EngineCoreOutputs).
+    * ``frontend_output_s`` 300e-6: EngineCore output thread -> ZMQ -> AsyncLLM
+      output handler -> client stream; runs in other threads/processes, so it
+      delays token emission but not the engine loop.
+    * ``ingest_s`` 200e-6: a request's way from the client through AsyncLLM to the
+      EngineCore input queue (prompt given as token ids, no tokenisation).
+    """
+
+    schedule_base_s: float = 80e-6
+    schedule_per_req_s: float = 4e-6
+    prep_base_s: float = 150e-6
+    prep_per_req_s: float = 3e-6
+    prep_per_token_s: float = 0.02e-6
+    launch_graph_s: float = 40e-6
+    launch_piecewise_per_layer_s: float = 15e-6
+    launch_eager_per_kernel_s: float = 5e-6
+    cudagraph_max_tokens: int = 512
+    sample_launch_s: float = 30e-6
+    update_base_s: float = 60e-6
+    update_per_req_s: float = 5e-6
+    frontend_output_s: float = 300e-6
+    ingest_s: float = 200e-6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"field backend_options.sim.host.{f.name}: must be a finite non-negative number, got {v!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "HostCosts":
+        """Build from a (partial) dict; unknown keys are rejected naming the field."""
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(d) - known)
+        if bad:
+            raise ValueError(f"field backend_options.sim.host.{bad[0]}: unknown; known: {', '.join(sorted(known))}")
+        return cls(**d)
