@@ -22,8 +22,10 @@ that token is known (``AsyncScheduler._update_after_schedule``).
 The DLFP hook (the only change to vLLM's order): before step 1 the policy is
 asked ``prefill_cap(num_decoding, now_s=, oldest_waiting_s=)``, where
 ``num_decoding`` counts running requests in the decode phase and
-``oldest_waiting_s`` is the ARRIVAL time (seconds, trial clock) of the
-waiting-queue head (``None`` if empty). The cap limits the TOTAL prefill tokens
+``oldest_waiting_s`` is how long (seconds) the oldest request without a first
+token (waiting-queue head or a running request mid-prefill) has waited, and
+``oldest_remaining_tokens`` its prompt tokens still to prefill (both omitted
+when there is none). The cap limits the TOTAL prefill tokens
 (continuing chunks and new requests) of the step; decodes never count against
 it, so they are never starved.
 """
@@ -98,12 +100,18 @@ class Scheduler:
     def schedule(self, now: float, policy):
         running = self.running
         ndec = 0
+        oldest = self.waiting[0] if self.waiting else None
         for r in running:  # inlined SimRequest.in_decode()
             c = r.computed
             if c >= r.P and c + 1 >= r.P + r.out + r.ph:
                 ndec += 1
-        oldest = self.waiting[0].arrival if self.waiting else None
-        cap = policy.prefill_cap(ndec, now_s=now, oldest_waiting_s=oldest)
+            elif r.out == 0 and (oldest is None or r.arrival < oldest.arrival):
+                oldest = r  # mid-prefill, still without a first token
+        if oldest is None:
+            cap = policy.prefill_cap(ndec, now_s=now)
+        else:
+            cap = policy.prefill_cap(ndec, now_s=now, oldest_waiting_s=now - oldest.arrival,
+                                     oldest_remaining_tokens=max(0, oldest.P - oldest.computed))
         pcap = cap if cap is not None else 1 << 62
         budget = self.budget
         entries = []
