@@ -11,7 +11,15 @@ import pytest
 
 from dlfp.config import PolicyConfig, build_policy
 from dlfp.controller import Observation
-from dlfp.controller_s import DEFAULT_OPTIONS, DLFPS, RLSEstimator, weighted_quantile
+from dlfp.controller_s import (
+    DEFAULT_OPTIONS,
+    DLFPS,
+    TAIL_GRID,
+    RLSEstimator,
+    counterfactual_gaps,
+    weighted_quantile,
+    weighted_quantiles,
+)
 
 # A varied set of (prefill tokens, decodes) so the three-parameter fit is identifiable.
 PS = [3072, 1500, 800, 2600, 3000, 1200, 2048, 512, 2900, 1750, 2300, 900]
@@ -65,7 +73,7 @@ def test_rls_recovers_exact_linear_law():
 
 
 def test_estimate_jumps_to_largest_quantised_cap_meeting_target():
-    pol = DLFPS(reference_iters=0)  # min_samples 8
+    pol = DLFPS(use_feasibility=False)  # min_samples 8
     drv = Driver(pol, LINEAR)
     # First guarded cycle runs at the initial cap 3072 with 4 decodes:
     # T = 0.010 + 2e-5*3072 + 1e-4*4 = 0.07184 s -> proportional 3072*0.08/0.07184 = 3420.9 -> Q128 = 3456.
@@ -86,7 +94,7 @@ def test_estimate_jumps_to_largest_quantised_cap_meeting_target():
 
 def test_estimate_clamps_to_max_cap():
     # T = 0.005 + 5e-6*p: 0.080 allows (0.075)/5e-6 = 15000 tokens -> clamp to max_cap 6144.
-    pol = DLFPS(reference_iters=0)
+    pol = DLFPS(use_feasibility=False)
     Driver(pol, law(0.005, 5e-6, 0.0)).run(zip(PS[:8], DS[:8]))
     assert pol.decisions[-1].reason == "estimate"
     assert pol.prefill_cap(3) == 6144
@@ -95,7 +103,7 @@ def test_estimate_clamps_to_max_cap():
 def test_unreliable_estimate_falls_back_to_proportional():
     # Wildly noisy times (no linear law): relative error stays far above 0.15.
     times = [0.02, 0.30, 0.05, 0.01, 0.25, 0.04, 0.20, 0.015, 0.3, 0.02, 0.09, 0.01]
-    pol = DLFPS(reference_iters=0)
+    pol = DLFPS(use_feasibility=False)
     cap = pol.cap
     for i, (p, d, t) in enumerate(zip(PS, DS, times)):
         c = pol.prefill_cap(d)
@@ -109,84 +117,6 @@ def test_unreliable_estimate_falls_back_to_proportional():
 
 
 # ---------------------------------------------------------------------------------------- feasibility
-def test_infeasible_estimate_stands_down():
-    # infeasible_after=100 keeps the measured test out of the way: only the estimate decides.
-    pol = DLFPS(reference_iters=0, infeasible_after=100)
-    Driver(pol, HEAVY).run(zip(PS[:8], DS[:8]))
-    # 8th sample: fit reliable, predicted T(1024, 6) = 0.010 + 0.2048 + 0.0006 = 0.2154 > 0.080
-    assert reasons(pol)[:7] == ["proportional"] * 7
-    assert reasons(pol)[7] == "stand_down_infeasible"
-    assert pol.decisions[7].cap_after is None
-    assert pol.prefill_cap(4) is None
-
-
-def test_measured_infeasibility_without_estimator_then_reprobe_with_backoff():
-    pol = DLFPS(reference_iters=0, use_estimator=False, reprobe_iters=5, infeasible_probe=False)
-    drv = Driver(pol, HEAVY)
-    # cycle 1 at cap 3072, p=3000: T=0.6109 -> cap 3072*0.08/0.6109 = 402 -> clamp 1024.
-    # cycles 2,3,4 at min_cap 1024, p=2000 -> T = 0.2106 > 0.08: third overrun stands down.
-    drv.run([(3000, 4)] + [(2000, 4)] * 3)
-    assert reasons(pol) == ["proportional"] * 3 + ["stand_down_infeasible"]
-    assert pol.prefill_cap(4) is None
-    # Stood down: uncapped mixed iterations; the 5th decode-carrying one re-probes at min_cap.
-    drv.run([(2000, 4)] * 5)
-    assert reasons(pol)[4:] == ["stood_down"] * 4 + ["reprobe"]
-    assert pol.prefill_cap(4) == 1024
-    # The probe fails again -> second consecutive failure doubles the wait (backoff 2): 10 iterations.
-    drv.run([(2000, 4)] * 3)
-    assert reasons(pol)[-1] == "stand_down_infeasible"
-    assert pol.backoff == 2.0
-    drv.run([(2000, 4)] * 9)
-    assert reasons(pol)[-1] == "stood_down"
-    drv.step(2000, 4)
-    assert reasons(pol)[-1] == "reprobe"
-
-
-def test_still_infeasible_estimate_renews_stand_down_without_probing():
-    pol = DLFPS(reference_iters=0, infeasible_after=100, reprobe_iters=3, infeasible_probe=False)
-    drv = Driver(pol, HEAVY)
-    drv.run(zip(PS[:8], DS[:8]))
-    assert reasons(pol)[-1] == "stand_down_infeasible"
-    drv.run([(2000, 4)] * 3)  # uncapped mixed iterations keep teaching the fit: still infeasible
-    assert reasons(pol)[-3:] == ["stood_down", "stood_down", "stand_down_infeasible"]
-    assert pol.prefill_cap(4) is None
-
-
-def test_after_infeasible_stand_down_the_tail_decides_by_default():
-    # infeasible_probe=True (default): the first infeasibility stands down at once, later probes
-    # are not cut short by the target test; the decode-gap tail comparison decides.
-    opts = dict(reference_iters=0, use_estimator=False, reprobe_iters=10, tail_min_samples=10, tail_check_every=5,
-                tail_quantile=0.9)
-    for stall_s, expect in ((0.860, "keeps"), (0.021, "stands_down")):
-        pol = DLFPS(**opts)
-        i = _feed(pol, 0, [(3000, 4, 0.611)] + [(2000, 4, 0.2106)] * 3)  # as above: infeasible at min_cap
-        assert reasons(pol)[-1] == "stand_down_infeasible"
-        # Stood down (uncapped): 7 decode-only 20 ms gaps and 3 uncapped stalls of stall_s.
-        i = _feed(pol, i, [(0, 4, 0.020)] * 7 + [(8000, 4, stall_s)] * 3)
-        assert reasons(pol)[-1] == "reprobe" and pol.prefill_cap(4) == 1024
-        # Probe at min_cap: 10 capped samples, 7 x 20 ms and 3 chunks of 0.2106 s (over the target).
-        i = _feed(pol, i, [(0, 4, 0.020)] * 7 + [(1024, 4, 0.2106)] * 3)
-        # P90 (need 36 of 40 -> 9th sorted): capped 0.2106; uncapped 0.860 or 0.021.
-        if expect == "keeps":
-            assert pol.last_tail == (0.2106, 0.860)
-            assert not reasons(pol)[-1].startswith("stand_down") and pol.prefill_cap(4) == 1024
-        else:
-            assert pol.last_tail == (0.2106, 0.021)
-            assert reasons(pol)[-1] == "stand_down_tail" and pol.prefill_cap(4) is None
-
-
-def _tail_policy(**kw) -> DLFPS:
-    opts = dict(
-        use_estimator=False,
-        reference_iters=20,
-        tail_quantile=0.9,
-        tail_window=50,
-        tail_min_samples=10,
-        tail_check_every=5,
-        reprobe_iters=20,
-    )
-    opts.update(kw)
-    return DLFPS(**opts)
 
 
 def _feed(pol: DLFPS, i0: int, items) -> int:
@@ -198,59 +128,115 @@ def _feed(pol: DLFPS, i0: int, items) -> int:
     return i0
 
 
-def test_worse_tail_under_cap_stands_down_then_reprobes():
-    pol = _tail_policy()
-    assert pol.prefill_cap(2) is None  # reference phase: no cap
-    # Reference (uncapped): 19 decode-only gaps of 20 ms and one 300 ms stall, 2 decodes each.
-    # Token-weighted P90: 0.9*40 = 36 -> the 18th sorted sample -> 0.020 s.
-    i = _feed(pol, 0, [(0, 2, 0.020)] * 19 + [(4000, 2, 0.300)])
-    assert reasons(pol) == ["reference"] * 19 + ["reprobe"]
-    assert pol.prefill_cap(2) == 3072
-    # Capped: the one long prefill becomes three 90 ms chunks. With 7 decode-only gaps:
-    # P90 of 10 samples (weight 2): need 18 -> sorted 7x0.020 (cum 14), 0.090 (16), 0.090 (18) -> 0.090.
-    # 0.090 > 0.020 * 1.05 -> the cap made the tail worse -> stand down at the 10th capped sample.
-    i = _feed(pol, i, [(0, 2, 0.020)] * 7 + [(3072, 2, 0.090)] * 3)
-    assert reasons(pol)[-1] == "stand_down_tail"
-    assert pol.last_tail == (0.090, 0.020)
-    assert pol.prefill_cap(2) is None
-    # Re-probe after reprobe_iters=20 decode-carrying iterations stood down.
-    i = _feed(pol, i, [(0, 2, 0.020)] * 19)
-    assert reasons(pol)[-1] == "stood_down"
-    i = _feed(pol, i, [(0, 2, 0.020)])
-    assert reasons(pol)[-1] == "reprobe"
-    assert pol.prefill_cap(2) is not None
+# ---------------------------------------------------------------------------------------- feasibility
+def test_counterfactual_gaps_hand_example():
+    # decode-only: t = 0.01, 0.01, 0.03, 0.01 -> t0 = median = 0.01 (weights 2, 2, 2, 1)
+    # run 1 = iterations 3-4: P = 8000, E = 0.20 + 0.20 = 0.40, D = 4, k = 2
+    # run 2 = iteration 6:    P = 1000, E = 0.05, D = 3, k = 1
+    w = [(0, 2, 0.01), (0, 2, 0.01), (0, 2, 0.03), (4000, 2, 0.21), (4000, 2, 0.21), (0, 1, 0.01), (1000, 3, 0.06)]
+    v, wt = counterfactual_gaps(w, 8000)  # run 1 merges into n = 1: 0.01 + 0.40 = 0.41, weight 1 * 4 / 2 = 2
+    assert list(v) == pytest.approx([0.01, 0.01, 0.03, 0.01, 0.41, 0.06])
+    assert list(wt) == pytest.approx([2, 2, 2, 1, 2, 3])
+    v, wt = counterfactual_gaps(w, 2000)  # run 1: n = 4 of 0.01 + 0.1 = 0.11, weight 4 * 2 = 8
+    assert list(v[4:]) == pytest.approx([0.11, 0.06]) and list(wt[4:]) == pytest.approx([8, 3])
+    assert counterfactual_gaps([(500, 0, 0.1)], 100)[0].size == 0  # no decodes, no gaps
+    with pytest.raises(ValueError, match="limit"):
+        counterfactual_gaps(w, 0)
 
 
-def test_better_tail_under_cap_keeps_capping():
-    pol = _tail_policy()
-    # Reference: 16 x 20 ms and 4 stalls of 300 ms -> P90 (need 36 of 40): 18th sample = 0.300 s.
-    i = _feed(pol, 0, [(0, 2, 0.020)] * 16 + [(4000, 2, 0.300)] * 4)
-    # Capped: same share of slow gaps, but 75 ms chunks -> P90 = 0.075 < 0.300: keep the cap.
-    # First comparison at 10 capped samples: need 18 of 20 -> the 9th sorted sample = 0.075 s.
-    i = _feed(pol, i, [(0, 2, 0.020)] * 8 + [(3072, 2, 0.075)] * 2)
-    assert pol.last_tail == (0.075, 0.300)
-    # 20 more decode-only gaps: at 30 samples the P90 (need 54 of 60, 27th sample) is 0.020 s.
-    _feed(pol, i, [(0, 2, 0.020)] * 20)
-    assert pol.last_tail == (0.020, 0.300)
-    assert not any(r.startswith("stand_down") for r in reasons(pol))
-    assert pol.prefill_cap(2) is not None
+def test_tail_quantiles_span_the_band():
+    pol = DLFPS(tail_quantile=0.9)  # tail mass 0.1, band 2: 0.2 .. 0.05
+    qs = pol.tail_quantiles()
+    assert len(qs) == TAIL_GRID and qs[0] == pytest.approx(0.8) and qs[-1] == pytest.approx(0.95)
+    assert qs[TAIL_GRID // 2] == 0.9 and list(qs) == sorted(qs)
+    assert DLFPS(tail_quantile=0.9, tail_band=1.0).tail_quantiles() == (0.9,)
+
+
+# Two workloads, fed uncapped, each 100 gaps. A decode-only step takes 10 ms; a stall is one mixed
+# iteration of 8,000 prefill tokens with 3 decodes taking 410 ms. The first such iteration teaches the
+# proportional law: cap 3072 -> 8000 * 0.08 / 0.41 = 1561 -> 1536 (12 x 128). Rebuilt under 1536:
+# n = ceil(8000 / 1536) = 6 iterations of 0.01 + 0.40 / 6 = 0.0767 s, weight 6 * 3 = 18 per stall.
+DEC, STALL = (0, 1, 0.01), (8000, 3, 0.41)
+FREQUENT = [DEC] * 7 + [STALL]  # x 10: stall mass 30/100; capped 180/250 -> all band quantiles 0.41 vs 0.0767
+RARE = [DEC] * 48 + [STALL] + [DEC] * 49  # stall mass 3/100: uncapped P90 = 0.01; capped 18/115 = 16 % -> P90 0.0767
+
+
+def _tail_pol(**kw) -> DLFPS:
+    return DLFPS(tail_quantile=0.9, tail_min_samples=100, tail_check_every=100, use_estimator=False, **kw)
+
+
+def test_tail_check_caps_when_stalls_are_frequent():
+    pol = _tail_pol()
+    assert pol.prefill_cap(3) is None  # reference phase: uncapped
+    _feed(pol, 0, FREQUENT * 10)
+    assert reasons(pol) == ["reference"] * 79 + ["resume"]
+    assert pol.prefill_cap(3) == 1536
+    t = pol.last_tail
+    assert t["limit"] == 1536 and t["no_cap_limit"] == 8000
+    assert t["uncapped"] == [0.41] * TAIL_GRID and t["capped"] == pytest.approx([0.01 + 0.40 / 6] * TAIL_GRID)
+
+
+def test_tail_check_stands_down_when_stalls_are_rare_then_resumes():
+    pol = _tail_pol()
+    i = _feed(pol, 0, RARE)
+    assert reasons(pol)[-1] == "stand_down_tail" and pol.prefill_cap(3) is None
+    t = pol.last_tail
+    assert t["uncapped"][TAIL_GRID // 2] == 0.01 and t["capped"][TAIL_GRID // 2] == pytest.approx(0.01 + 0.40 / 6)
+    # The check keeps running while stood down (every 100 gaps). After RARE + 10 x FREQUENT the uncapped
+    # stall mass is 33/200 = 16.5 % < 20 %: P80 = 0.01 < capped P80 (198/365 at 0.0767): still no. After
+    # RARE + 20 x FREQUENT it is 63/300 = 21 %: P80..P95 all 0.41, capped (378/615) all 0.0767: resume.
+    i = _feed(pol, i, FREQUENT * 10)
+    assert reasons(pol)[-1] == "stood_down" and pol.num_checks == 2
+    _feed(pol, i, FREQUENT * 10)
+    assert reasons(pol)[-1] == "resume" and pol.num_checks == 3
+    assert pol.prefill_cap(3) == 1536
+
+
+def test_single_quantile_check_misses_the_knife_edge():
+    # tail_band = 1 compares P90 only. Window: 87 decode-only + one stall of 4 decodes (mass 4/91 = 4.4 %,
+    # uncapped P90 = 0.01) ... with a second stall the mass is 8/95 = 8.4 %, still under 10 %: stand down.
+    # With 3 stalls the uncapped mass is 12/99 = 12.1 % -> P90 = 0.41, capped P90 = 0.0767: the single
+    # quantile says cap, though uncapped P80 = 0.01 < capped P80 = 0.0767: the band (default) says no.
+    stall = (8000, 4, 0.41)
+    items = [DEC] * 29 + [stall] + [DEC] * 29 + [stall] + [DEC] * 29 + [stall]
+    single = DLFPS(tail_quantile=0.9, tail_band=1.0, tail_min_samples=99, use_estimator=False)
+    _feed(single, 0, items)
+    assert reasons(single)[-1] == "resume"
+    band = DLFPS(tail_quantile=0.9, tail_min_samples=99, use_estimator=False)
+    _feed(band, 0, items)
+    assert reasons(band)[-1] == "stand_down_tail"
+    assert band.last_tail["uncapped"][0] == 0.01 and band.last_tail["capped"][0] == pytest.approx(0.01 + 0.4 / 6)
+
+
+def test_infeasible_stand_down_option():
+    # 8 prefill-only iterations teach HEAVY exactly: T(1024, 1) = 0.010 + 0.2048 + 0.0001 > 0.080.
+    items = [(p, 0, HEAVY(p, 0)) for p in PS[:8]] + [(0, 1, HEAVY(0, 1))] * 7 + [(8000, 3, HEAVY(8000, 3))]
+    on = DLFPS(tail_quantile=0.9, tail_min_samples=10, infeasible_stand_down=True)
+    _feed(on, 0, items)
+    assert on.estimate_reliable and on.estimate_cap(1) is None
+    assert reasons(on)[-1] == "stand_down_infeasible" and on.prefill_cap(3) is None
+    # Default: infeasibility only pins the cap at min_cap and the tail check decides. Uncapped: 7 gaps of
+    # 0.0101 s and 3 of 1.6103 s (stall mass 30 %: P80..P95 = 1.6103); at 1024: ceil(8000/1024) = 8 iterations
+    # of 0.0101 + 1.6002/8 = 0.2101 s, weight 24 of 31: P80..P95 = 0.2101, lower everywhere: cap at 1024.
+    off = DLFPS(tail_quantile=0.9, tail_min_samples=10)
+    _feed(off, 0, items)
+    assert off._target_cap(3) == 1024
+    assert reasons(off)[-1] == "resume" and off.prefill_cap(3) == 1024
+    assert off.last_tail["capped"] == pytest.approx([0.0101 + 1.6002 / 8] * TAIL_GRID, rel=1e-6)
 
 
 def test_feasibility_off_never_stands_down():
-    pol = DLFPS(use_feasibility=False, infeasible_after=1)
+    pol = DLFPS(use_feasibility=False, use_estimator=False, tail_quantile=0.9)
     assert pol.prefill_cap(4) == 3072  # no reference phase without the feasibility part
-    Driver(pol, HEAVY).run(zip(PS, DS))
-    assert all(d.cap_after is not None for d in pol.decisions)
-    assert pol.prefill_cap(4) == 1024  # the fit says infeasible; without the guard the cap pins at min_cap
-    # Same data with the guard: stands down.
-    on = DLFPS(reference_iters=0, infeasible_after=100)
-    Driver(on, HEAVY).run(zip(PS, DS))
-    assert on.prefill_cap(4) is None
+    _feed(pol, 0, RARE)
+    assert all(d.cap_after is not None for d in pol.decisions) and pol.num_checks == 0
+    fit = DLFPS(use_feasibility=False)
+    Driver(fit, HEAVY).run(zip(PS, DS))
+    assert fit.prefill_cap(4) == 1024  # the fit says infeasible: the cap pins at min_cap
 
 
-# ---------------------------------------------------------------------------------------- TTFT guard
 def test_ttft_guard_without_remaining_tokens():
-    pol = DLFPS(reference_iters=0, ttft_slo_s=2.0, use_estimator=False)  # ttft_guard_frac 0.5
+    pol = DLFPS(use_feasibility=False, ttft_slo_s=2.0, use_estimator=False)  # ttft_guard_frac 0.5
     assert pol.prefill_cap(4, oldest_waiting_s=0.5) == 3072  # 0.5 s < 0.5 * 2 s
     assert pol.prefill_cap(4, oldest_waiting_s=1.2) == 6144  # past half the SLO: max_cap
     assert pol.prefill_cap(4, oldest_waiting_s=2.5) == 3072  # already missed: no help
@@ -258,7 +244,7 @@ def test_ttft_guard_without_remaining_tokens():
 
 
 def _trained(**kw) -> DLFPS:
-    pol = DLFPS(reference_iters=0, ttft_slo_s=2.0, **kw)
+    pol = DLFPS(use_feasibility=False, ttft_slo_s=2.0, **kw)
     Driver(pol, LINEAR).run(zip(PS[:8], DS[:8]))
     assert pol.estimate_reliable
     return pol
@@ -277,7 +263,7 @@ def test_ttft_guard_with_remaining_tokens_uses_learned_cost():
 
 
 def test_ttft_guarded_cycle_does_not_move_proportional_cap():
-    pol = DLFPS(reference_iters=0, ttft_slo_s=2.0, use_estimator=False)
+    pol = DLFPS(use_feasibility=False, ttft_slo_s=2.0, use_estimator=False)
     cap = pol.prefill_cap(4, oldest_waiting_s=1.5)
     assert cap == 6144
     pol.observe(Observation(0, 0.0, 6144, 4, cap, device_time_s=0.160))
@@ -288,21 +274,21 @@ def test_ttft_guarded_cycle_does_not_move_proportional_cap():
 def test_ttft_guard_off_or_without_slo_does_nothing():
     off = _trained(use_ttft_guard=False)
     assert off.prefill_cap(4, oldest_waiting_s=1.765, oldest_remaining_tokens=10_000) == 3456
-    no_slo = DLFPS(reference_iters=0)
+    no_slo = DLFPS(use_feasibility=False)
     assert no_slo.prefill_cap(4, oldest_waiting_s=100.0) == 3072
 
 
 # ---------------------------------------------------------------------------------------- ablations
 def test_estimator_off_stays_proportional():
-    pol = DLFPS(reference_iters=0, use_estimator=False)
+    pol = DLFPS(use_feasibility=False, use_estimator=False)
     Driver(pol, LINEAR).run(zip(PS, DS))
     assert set(reasons(pol)) == {"proportional"}
     assert pol.estimator.n == 0
 
 
 def test_signal_choice_changes_the_interval_used():
-    dev = DLFPS(reference_iters=0, use_estimator=False)
-    host = DLFPS(reference_iters=0, use_estimator=False, signal="host_cadence")
+    dev = DLFPS(use_feasibility=False, use_estimator=False)
+    host = DLFPS(use_feasibility=False, use_estimator=False, signal="host_cadence")
     assert dev.signal == "device_completion"
     for pol in (dev, host):
         pol.observe(Observation(0, 0.0, 3072, 4, 3072, host_interval_s=0.160, device_time_s=0.040))
@@ -314,19 +300,11 @@ def test_estimator_sample_selection():
     items = [(0, 3, 0.0103), (2000, 0, 0.05), (1000, 2, 0.0302)]  # decode-only, prefill-only, guarded
     counts = {}
     for mode in ("guarded", "prefill", "all"):
-        pol = DLFPS(reference_iters=0, estimator_samples=mode)
+        pol = DLFPS(use_feasibility=False, estimator_samples=mode)
         _feed(pol, 0, items)
         counts[mode] = pol.estimator.n
     assert counts == {"guarded": 1, "prefill": 2, "all": 3}
 
-
-def test_reference_phase_runs_uncapped_then_caps():
-    pol = DLFPS(reference_iters=3)
-    _feed(pol, 0, [(0, 2, 0.02), (500, 0, 0.02), (0, 2, 0.02)])  # prefill-only does not count
-    assert reasons(pol) == ["reference", "reference", "reference"]
-    assert pol.prefill_cap(2) is None
-    _feed(pol, 3, [(0, 2, 0.02)])
-    assert reasons(pol)[-1] == "reprobe" and pol.prefill_cap(2) == 3072
 
 
 # ---------------------------------------------------------------------------------------- plumbing
@@ -336,6 +314,10 @@ def test_weighted_quantile_hand_example():
     assert weighted_quantile([3.0, 1.0, 2.0], [1, 1, 2], 0.99) == 3.0
     with pytest.raises(ValueError):
         weighted_quantile([], [], 0.5)
+    # the vectorised version agrees at every q
+    assert weighted_quantiles([3.0, 1.0, 2.0], [1, 1, 2], [0.25, 0.5, 0.99]) == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError):
+        weighted_quantiles([], [], [0.5])
 
 
 @pytest.mark.parametrize(
@@ -350,8 +332,10 @@ def test_weighted_quantile_hand_example():
         ({"ttft_slo_s": -1}, "ttft_slo_s"),
         ({"tail_quantile": 1.0}, "tail_quantile"),
         ({"tail_min_samples": 10, "tail_window": 5}, "tail_min_samples"),
-        ({"reprobe_iters": 0}, "reprobe_iters"),
-        ({"reprobe_backoff": 0.5}, "reprobe_backoff"),
+        ({"tail_band": 0.5}, "tail_band"),
+        ({"tail_quantile": 0.9, "tail_band": 20}, "tail_band"),
+        ({"tail_margin": 1.0}, "tail_margin"),
+        ({"infeasible_stand_down": 1}, "infeasible_stand_down"),
     ],
 )
 def test_bad_options_are_named(opts, word):
@@ -360,7 +344,7 @@ def test_bad_options_are_named(opts, word):
 
 
 def test_guarded_iteration_without_signal_is_an_error():
-    pol = DLFPS(reference_iters=0)
+    pol = DLFPS(use_feasibility=False)
     with pytest.raises(ValueError, match="device_completion"):
         pol.observe(Observation(0, 0.0, 1000, 2, 3072, host_interval_s=0.05))
 

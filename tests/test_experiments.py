@@ -60,7 +60,9 @@ def test_config_validates_and_is_consistent(name):
     assert wl.vocab_size == arch["vocab_size"]
     assert cfg.seeds == [801, 802, 803]
     assert cfg.arms[cfg.baseline_arm].policy == "nocap"
-    assert set(cfg.arms) == {"baseline", "dlfp"}
+    # the paper's two arms, plus DLFP-S (issue 8) and its ablations
+    assert {"baseline", "dlfp"} <= set(cfg.arms)
+    assert all(a.startswith("dlfps") and cfg.arms[a].policy == "dlfps" for a in set(cfg.arms) - {"baseline", "dlfp"})
     # every assumption that names a config field states the value the config actually uses
     for a in cfg.assumptions:
         v = _get(cfg, a.field)

@@ -15,41 +15,58 @@ per-model constants. It answers the three failure causes the DLFP paper
    of the relative a-priori prediction error <= ``max_rel_error``) the cap
    jumps straight to the largest multiple of ``quantum`` whose predicted
    iteration time meets ``target_s`` for the current number of decodes,
-   clamped to ``[min_cap, max_cap]``. Otherwise DLFP's proportional law
+   clamped to ``[min_cap, max_cap]`` (``min_cap`` when even that is predicted
+   over the target). Otherwise DLFP's proportional law
    (:meth:`dlfp.controller.DLFP.next_cap`) is the fallback.
-3. **Feasibility** (``use_feasibility``): the controller stands down (returns
-   ``None`` = no cap) when
+3. **Feasibility** (``use_feasibility``): a counterfactual *tail check* decides
+   whether to cap at all. Chunking must never make ITL worse, and whether it
+   does depends on how often stalls happen, not only on how long one is: a
+   cap turns one long stall into several shorter ones, which lowers the
+   decode-gap P99 when stalls already hold more than 1 % of the gaps and raises
+   it when they hold less (then the P99 sits on plain decode steps and the
+   extra medium-length gaps push it up).
 
-   * the reliable estimate predicts that even ``min_cap`` tokens with the
-     observed decodes exceed ``target_s``; or, without a reliable estimate,
-     ``infeasible_after`` consecutive guarded cycles at ``min_cap`` overran
-     the target (the measured version of the same test); or
-   * the decode-gap tail under the cap is worse than the tail without it.
-     Every iteration with ``d >= 1`` decodes gives each of those ``d`` streams
-     one inter-token gap equal to the iteration time, so the per-token
-     decode-gap distribution is the distribution of iteration times weighted
-     by ``num_decodes``, over *all* decode-carrying iterations (decode-only
-     ones included: a cap spreads one long prefill over several iterations,
-     so it trades one very long gap for several medium ones, and only the
-     whole distribution shows which tail is worse). The ``tail_quantile``
-     (default P99) of the last ``tail_window`` capped decode-carrying
-     iterations is compared with that of the last ``tail_window`` uncapped
-     ones. Uncapped samples come from an initial reference phase of
-     ``reference_iters`` decode-carrying iterations run with no cap, and from
-     every stand-down period (which is exactly "the tail the engine produces
-     without the cap", measured on the same run).
+   Every decode-carrying iteration gives each of its ``d`` decoding streams
+   one inter-token gap equal to its interval, so the per-token gap
+   distribution is the distribution of iteration times weighted by
+   ``num_decodes``. The controller keeps the last ``tail_window``
+   iterations and, every ``tail_check_every`` decode-carrying iterations,
+   rebuilds from the *same* window the gap distribution the engine would have
+   produced under a prefill limit ``L`` (:func:`counterfactual_gaps`):
+   decode-only iterations are kept; each maximal run of consecutive mixed
+   iterations (``P`` prefill tokens, excess device time ``E`` over the median
+   decode-only step ``t0``, ``D`` decode-slots over ``k`` iterations) becomes
+   ``n = ceil(P / L)`` iterations of ``t0 + E / n`` seconds with ``D / k``
+   decodes each: prefill cost is spread linearly over the chunks. ``L`` is the
+   candidate cap, or for "no cap" the largest prefill chunk seen in any
+   iteration (the engine's own token budget). Both sides are rebuilt by the
+   same model, so its bias cancels, and both come from the same arrivals, so
+   load drift between periods does not enter (the flaw of comparing a capped
+   period with an uncapped one). The cap is used only if it lowers the
+   ``tail_quantile`` gap by more than ``tail_margin`` *and* is not worse (by
+   more than ``tail_margin``) at any quantile whose tail mass lies between
+   ``tail_band`` times larger and smaller (P98 to P99.5 for P99 with the
+   default 2; ``TAIL_GRID`` quantiles evenly spaced in log tail mass): the
+   controller sees warm-ups and a finite window, so the tail mass it measures
+   is uncertain by about that factor, and a decision that flips inside that
+   band is a coin toss (the P99 knife-edge). Otherwise the controller stands
+   down (no cap). The first decision waits for ``tail_min_samples`` decode
+   gaps (uncapped "reference" phase; default ``10 / (1 - 0.99) = 1000``,
+   about ten gaps beyond the P99); later checks run every
+   ``tail_check_every`` gaps. While uncapped, every mixed iteration of at
+   least ``min_cap`` prefill tokens counts for the proportional law as a
+   cycle run at a cap equal to its prefill, so the cap the check weighs is
+   the target's, not the initial one.
+   The check keeps running while stood down, so capping resumes as soon as
+   the rebuilt tail says it helps; no blind re-probing is needed.
 
-   While stood down the controller re-probes (returns to capping, with a fresh
-   capped window) after ``reprobe_iters`` decode-carrying iterations or
-   ``reprobe_s`` seconds, whichever comes first; every further stand-down
-   before a probe has proved itself (passed a tail comparison) multiplies that
-   wait by ``reprobe_backoff`` (at most ``reprobe_backoff_max`` times).
-   With ``infeasible_probe`` (default) the target test acts only until the
-   first stand-down; after that re-probes run at ``min_cap`` and the measured
-   tail comparison alone decides, because a cap that cannot meet the target
-   can still shorten the tail when uncapped stalls are frequent. With
-   ``infeasible_probe=False`` a re-probe is skipped (the stand-down renewed)
-   while the reliable estimate still predicts ``min_cap`` infeasible.
+   With ``infeasible_stand_down`` (default off) the controller also stands
+   down while the target is infeasible: the reliable estimate predicts even
+   ``min_cap`` over ``target_s``, or (without one) ``infeasible_after``
+   consecutive guarded cycles at ``min_cap`` overran it. Off by default
+   because on the simulator a cap whose iterations miss the 80 ms target
+   still cuts the P99 when stalls are frequent (Qwen3-8B at 0.25 req/s); the
+   tail check catches the case where it does not (Qwen3-8B at 0.10 req/s).
 4. **TTFT guard** (``use_ttft_guard``, needs ``ttft_slo_s``): when the oldest
    waiting request would otherwise miss its TTFT SLO, ``prefill_cap`` grants a
    larger chunk. If the backend passes ``oldest_remaining_tokens`` (its
@@ -62,20 +79,30 @@ per-model constants. It answers the three failure causes the DLFP paper
    and a bigger chunk would only stall the decoding streams.
 
 Decision reasons (``Decision.reason``), one per ``observe`` call:
-``reference`` (initial uncapped phase), ``stood_down``, ``stand_down_infeasible``,
-``stand_down_tail`` (transitions), ``reprobe`` (back to capping), ``estimate``
-and ``proportional`` (guarded cycle, cap from the estimate / proportional law),
-``ttft_guard`` (guarded cycle run under a guard-granted chunk: the proportional
-law is not applied to it), ``unguarded`` (no decode or no prefill or no cap; in
-estimate mode the cap may still move with the refreshed estimate).
+``reference`` (initial uncapped phase), ``stood_down``, ``stand_down_tail``,
+``stand_down_infeasible`` (transitions to no cap), ``resume`` (tail check
+turns capping on), ``estimate`` and ``proportional`` (guarded cycle, cap from
+the estimate / proportional law), ``ttft_guard`` (guarded cycle run under a
+guard-granted chunk: the proportional law is not applied to it),
+``unguarded`` (no decode or no prefill or no cap; in estimate mode the cap may
+still move with the refreshed estimate).
 
 Times are seconds; caps and prefill sizes are tokens.
+
+History: the first version compared the P99 of the last capped window with
+that of an uncapped window from another period (the reference phase or a
+stand-down) and re-probed blindly with back-off; on the simulator that test
+was dominated by load differences between the two periods (a start-up burst
+in the reference made any cap look better) and left Qwen3-0.6B at +60..330 %
+P99 ITL. The counterfactual band check replaced it.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 from typing import Any
+
+import numpy as np
 
 from .controller import (
     PAPER_GAIN,
@@ -108,20 +135,17 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "min_samples": 8,
     "max_rel_error": 0.15,
     "estimator_samples": "prefill",
+    "infeasible_stand_down": False,
     "infeasible_after": 3,
     "tail_quantile": 0.99,
+    "tail_band": 2.0,
     "tail_margin": 0.05,
-    "tail_window": 1000,
-    "tail_min_samples": 200,
-    "tail_check_every": 50,
-    "reference_iters": 200,
-    "reprobe_iters": 500,
-    "reprobe_s": None,
-    "reprobe_backoff": 2.0,
-    "reprobe_backoff_max": 16.0,
-    "infeasible_probe": True,
+    "tail_window": 20000,
+    "tail_min_samples": 1000,
+    "tail_check_every": 100,
     "ttft_guard_frac": 0.5,
 }
+
 
 
 def _opt_bool(name: str, v: Any) -> bool:
@@ -238,7 +262,75 @@ def weighted_quantile(values: list[float], weights: list[float], q: float) -> fl
     return pairs[-1][0]
 
 
+def counterfactual_gaps(entries, limit: float) -> tuple[np.ndarray, np.ndarray]:
+    """Decode-gap distribution a window of iterations would have had under prefill limit ``limit``.
+
+    Args:
+        entries: sequence of ``(prefill_tokens, num_decodes, interval_s)`` in
+            iteration order (any iterations; ``num_decodes == 0`` ones give no
+            gap and end a mixed run).
+        limit: prefill tokens allowed per mixed iteration (> 0).
+
+    Returns:
+        ``(values_s, weights)``, float arrays of equal shape (m,): each
+        decode-only iteration as it was (weight = its decodes) and, for each
+        maximal run of consecutive mixed iterations with ``P`` prefill tokens,
+        ``k`` iterations, ``D`` decode-slots and excess time ``E = sum(max(t -
+        t0, 0))``, one entry ``t0 + E / n`` with weight ``n * D / k`` where
+        ``n = max(1, ceil(P / limit))``. ``t0`` is the median decode-only
+        interval, or the smallest mixed interval when the window has no
+        decode-only iteration. Empty arrays when no iteration has decodes.
+
+    Raises:
+        ValueError: ``limit`` not positive.
+    """
+    if not limit > 0:
+        raise ValueError(f"counterfactual_gaps: limit must be positive, got {limit!r}")
+    a = np.asarray(entries, dtype=float).reshape(-1, 3)
+    p, d, t = a[:, 0], a[:, 1], a[:, 2]
+    dec = (p == 0) & (d > 0)
+    mixed = (p > 0) & (d > 0)
+    if not (dec.any() or mixed.any()):
+        return np.zeros(0), np.zeros(0)
+    t0 = float(np.median(t[dec])) if dec.any() else float(t[mixed].min())
+    vals, wts = [t[dec]], [d[dec]]
+    if mixed.any():
+        run = np.cumsum(~mixed)[mixed]  # run id: constant over consecutive mixed iterations
+        _, inv = np.unique(run, return_inverse=True)
+        P = np.bincount(inv, weights=p[mixed])
+        E = np.bincount(inv, weights=np.maximum(t[mixed] - t0, 0.0))
+        D = np.bincount(inv, weights=d[mixed])
+        k = np.bincount(inv).astype(float)
+        n = np.maximum(1.0, np.ceil(P / float(limit) - 1e-9))
+        vals.append(t0 + E / n)
+        wts.append(n * D / k)
+    return np.concatenate(vals), np.concatenate(wts)
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
+    """:func:`weighted_quantile` at several ``qs`` at once (lower weighted quantile).
+
+    Raises:
+        ValueError: empty input or non-positive total weight.
+    """
+    v = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    total = float(w.sum())
+    if v.size == 0 or total <= 0:
+        raise ValueError("weighted_quantiles needs at least one sample with positive weight")
+    order = np.argsort(v, kind="stable")
+    cw = np.cumsum(w[order])
+    out = []
+    for q in qs:
+        i = int(np.searchsorted(cw, q * total - 1e-12 * total, side="left"))
+        out.append(float(v[order][min(i, v.size - 1)]))
+    return out
+
+
 _CAPPED, _STOOD_DOWN, _REFERENCE = "capped", "stood_down", "reference"
+
+#: Number of quantiles the tail check compares across its band (odd: the middle one is tail_quantile).
+TAIL_GRID = 17
 
 
 class DLFPS(DLFP):
@@ -249,8 +341,8 @@ class DLFPS(DLFP):
         signal: ``"device_completion"`` (default) or ``"host_cadence"`` (ablation).
         **options (see ``DEFAULT_OPTIONS``):
             use_estimator (True): RLS estimate + jump; False = proportional only.
-            use_feasibility (True): stand-down on infeasibility / worse tail,
-                reference phase and re-probing; False = never stand down.
+            use_feasibility (True): counterfactual tail check (reference phase,
+                stand-down, resume); False = always cap, never stand down.
             use_ttft_guard (True): TTFT guard; acts only when ``ttft_slo_s`` set.
             ttft_slo_s (None): TTFT SLO in seconds (from the experiment SLO).
             forgetting (0.95): RLS forgetting factor in (0, 1].
@@ -261,25 +353,20 @@ class DLFPS(DLFP):
                 "prefill" = every iteration with prefill tokens (guarded,
                 uncapped mixed and prefill-only), "guarded" = guarded cycles
                 only, "all" = also decode-only iterations.
+            infeasible_stand_down (False): also stand down while the target is
+                infeasible (module docstring, part 3).
             infeasible_after (3): consecutive guarded cycles at ``min_cap``
                 over the target that mean "infeasible" without a reliable fit.
-            tail_quantile (0.99): decode-gap quantile compared.
-            tail_margin (0.05): capped tail must exceed uncapped * (1 + margin)
-                to stand down.
-            tail_window (1000): decode-carrying iterations kept per regime.
-            tail_min_samples (200): samples needed in both windows to compare.
-            tail_check_every (50): compare every this many capped samples.
-            reference_iters (200): decode-carrying iterations run uncapped at
-                the start to measure the engine's own tail (0 = start capped).
-            reprobe_iters (500): decode-carrying iterations stood down before
-                a re-probe.
-            reprobe_s (None): also re-probe after this many seconds stood down.
-            reprobe_backoff (2.0): wait multiplier per failed probe (>= 1).
-            reprobe_backoff_max (16.0): largest total multiplier.
+            tail_quantile (0.99): decode-gap quantile the tail check protects.
+            tail_band (2.0): factor on the tail mass ``1 - tail_quantile`` that
+                gives the two side quantiles checked too (1 = only the one).
+            tail_margin (0.05): relative margin of the tail check.
+            tail_window (20000): iterations kept for the tail check.
+            tail_min_samples (1000): decode gaps (sum of ``num_decodes``)
+                before the first tail decision (the uncapped reference phase).
+            tail_check_every (100): decode gaps between checks.
             ttft_guard_frac (0.5): without ``oldest_remaining_tokens``, the
                 share of the TTFT SLO waited after which ``max_cap`` is granted.
-            infeasible_probe (True): after the first stand-down, let the tail
-                comparison alone judge probes (see the module docstring).
 
     Raises:
         ValueError: any DLFP parameter error; an unknown option; an option of
@@ -318,9 +405,15 @@ class DLFPS(DLFP):
                 f"dlfps option estimator_samples must be one of {ESTIMATOR_SAMPLES}, got {o['estimator_samples']!r}"
             )
         self.estimator_samples = o["estimator_samples"]
+        self.infeasible_stand_down = _opt_bool("infeasible_stand_down", o["infeasible_stand_down"])
         self.infeasible_after = _opt_int("infeasible_after", o["infeasible_after"], 1)
         self.tail_quantile = _opt_float("tail_quantile", o["tail_quantile"], 0, 1, True, True)
-        self.tail_margin = _opt_float("tail_margin", o["tail_margin"], 0, math.inf, False, True)
+        self.tail_band = _opt_float("tail_band", o["tail_band"], 1, math.inf, False, True)
+        if (1 - self.tail_quantile) * self.tail_band >= 1:
+            raise ValueError(
+                f"dlfps option tail_band={self.tail_band} is too wide for tail_quantile={self.tail_quantile}"
+            )
+        self.tail_margin = _opt_float("tail_margin", o["tail_margin"], 0, 1, False, True)
         self.tail_window = _opt_int("tail_window", o["tail_window"], 1)
         self.tail_min_samples = _opt_int("tail_min_samples", o["tail_min_samples"], 1)
         if self.tail_min_samples > self.tail_window:
@@ -328,38 +421,20 @@ class DLFPS(DLFP):
                 f"dlfps option tail_min_samples={self.tail_min_samples} is larger than tail_window={self.tail_window}"
             )
         self.tail_check_every = _opt_int("tail_check_every", o["tail_check_every"], 1)
-        self.reference_iters = _opt_int("reference_iters", o["reference_iters"], 0)
-        self.reprobe_iters = _opt_int("reprobe_iters", o["reprobe_iters"], 1)
-        self.reprobe_s = (
-            None if o["reprobe_s"] is None else _opt_float("reprobe_s", o["reprobe_s"], 0, math.inf, True, True)
-        )
-        self.reprobe_backoff = _opt_float("reprobe_backoff", o["reprobe_backoff"], 1, math.inf, False, True)
-        self.reprobe_backoff_max = _opt_float(
-            "reprobe_backoff_max", o["reprobe_backoff_max"], 1, math.inf, False, True
-        )
         self.ttft_guard_frac = _opt_float("ttft_guard_frac", o["ttft_guard_frac"], 0, 1, True, True)
-        self.infeasible_probe = _opt_bool("infeasible_probe", o["infeasible_probe"])
-        self._stood_down_once = False
 
         self.estimator = RLSEstimator(self.forgetting)
-        self.mode = _REFERENCE if (self.use_feasibility and self.reference_iters > 0) else _CAPPED
-        self._mode_iters = 0  # decode-carrying iterations since the mode began
-        self._mode_since_s: float | None = None
-        self._failed_probes = 0  # consecutive stand-downs before a probe proved itself
+        self.mode = _REFERENCE if self.use_feasibility else _CAPPED
         self._over_at_min = 0  # consecutive guarded cycles at min_cap over target
-        self._capped: deque[tuple[float, int]] = deque(maxlen=self.tail_window)
-        self._uncapped: deque[tuple[float, int]] = deque(maxlen=self.tail_window)
+        self._window: deque[tuple[int, int, float]] = deque(maxlen=self.tail_window)
+        self._gaps = 0  # decode gaps seen (sum of num_decodes of iterations with an interval)
         self._since_check = 0
-        self._probe_proven = False
+        self._max_prefill = 0  # largest prefill chunk seen: the engine's own limit
         self._grants: deque[int | None] = deque(maxlen=16)  # caps granted by the TTFT guard
         self.guard_grants = 0
-        self.last_tail: tuple[float, float] | None = None  # (capped, uncapped) at the last comparison
-
-    @property
-    def backoff(self) -> float:
-        """Multiplier of the stand-down wait: ``reprobe_backoff ** (failed probes - 1)``, capped."""
-        k = max(self._failed_probes - 1, 0)
-        return min(self.reprobe_backoff_max, self.reprobe_backoff**k)
+        self.num_checks = 0
+        #: last tail check: {"quantiles", "capped", "uncapped", "limit", "no_cap_limit"} (seconds, tokens)
+        self.last_tail: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ estimate
     @property
@@ -377,11 +452,6 @@ class DLFPS(DLFP):
         """The fitted iteration time (seconds); meaningful when ``estimate_reliable``."""
         return self.estimator.predict(prefill_tokens, num_decodes)
 
-    @property
-    def _infeasible_rule_active(self) -> bool:
-        """Whether "min_cap predicted over target" still stands the controller down."""
-        return self.use_feasibility and not (self.infeasible_probe and self._stood_down_once)
-
     def estimate_cap(self, num_decodes: int) -> int | None:
         """Largest multiple of ``quantum`` whose predicted time meets ``target_s``, clamped.
 
@@ -398,6 +468,13 @@ class DLFPS(DLFP):
         q = int(math.floor(raw / self.quantum + 1e-9)) * self.quantum
         return min(self.max_cap, max(self.min_cap, q))
 
+    def _target_cap(self, num_decoding: int) -> int:
+        """The cap for the next mixed iteration: estimate (``min_cap`` if infeasible) or the proportional cap."""
+        if self.estimate_reliable:
+            est = self.estimate_cap(max(num_decoding, 1))
+            return self.min_cap if est is None else est
+        return self.cap  # type: ignore[return-value]
+
     # ------------------------------------------------------------------ policy
     def prefill_cap(
         self,
@@ -411,10 +488,10 @@ class DLFPS(DLFP):
 
         ``None`` with no decoding request, in the reference phase and while
         stood down. Otherwise the estimate cap for ``num_decoding`` decodes
-        (estimate mode) or the proportional cap, possibly raised by the TTFT
-        guard. ``oldest_waiting_s`` is how long the oldest request without a
-        first token has waited (seconds); ``oldest_remaining_tokens`` (optional)
-        its prompt tokens still to prefill.
+        (``min_cap`` when the target is infeasible) or the proportional cap,
+        possibly raised by the TTFT guard. ``oldest_waiting_s`` is how long the
+        oldest request without a first token has waited (seconds);
+        ``oldest_remaining_tokens`` (optional) its prompt tokens still to prefill.
 
         Raises:
             ValueError: negative or non-integer ``num_decoding``.
@@ -422,13 +499,7 @@ class DLFPS(DLFP):
         _check_count("num_decoding", num_decoding)
         if num_decoding == 0 or self.mode != _CAPPED:
             return None
-        cap: int | None = self.cap
-        if self.estimate_reliable:
-            cap = self.estimate_cap(num_decoding)
-            if cap is None:  # infeasible now: the next observe() stands down if allowed
-                cap = None if self._infeasible_rule_active else self.min_cap
-        if cap is None:
-            return None
+        cap = self._target_cap(num_decoding)
         granted = self._ttft_guard(cap, num_decoding, oldest_waiting_s, oldest_remaining_tokens)
         if granted != cap:
             self._grants.append(granted)
@@ -468,6 +539,65 @@ class DLFPS(DLFP):
             c += self.quantum
         return None
 
+    # ------------------------------------------------------------------ tail check
+    def tail_quantiles(self) -> tuple[float, ...]:
+        """The quantiles the tail check compares, ascending, shape (TAIL_GRID,).
+
+        Tail masses ``m * band ** x`` for ``x`` evenly spaced from 1 down to -1
+        (``m = 1 - tail_quantile``), i.e. from ``1 - m * band`` to ``1 - m /
+        band``; the middle one is ``tail_quantile``. With ``tail_band = 1``
+        just ``(tail_quantile,)``.
+        """
+        m = 1.0 - self.tail_quantile
+        if self.tail_band == 1.0:
+            return (self.tail_quantile,)
+        xs = np.linspace(1.0, -1.0, TAIL_GRID)
+        qs = [1.0 - m * self.tail_band**x for x in xs]
+        qs[TAIL_GRID // 2] = self.tail_quantile
+        return tuple(float(q) for q in qs)
+
+    def tail_check(self, limit: int) -> bool:
+        """True when capping at ``limit`` tokens beats no cap on the rebuilt window tail.
+
+        Rebuilds the window under ``limit`` and under the largest prefill chunk
+        seen (:func:`counterfactual_gaps`) and compares the quantiles of
+        :meth:`tail_quantiles`: the cap must be lower than no cap by more than
+        ``tail_margin`` at ``tail_quantile`` and not higher by more than
+        ``tail_margin`` at every other one. False when the window has no gap or
+        no prefill chunk larger than ``limit`` was ever seen (a cap that never
+        binds cannot help). Stores the numbers in ``last_tail``.
+        """
+        none_limit = self._max_prefill
+        if not self._window or none_limit <= limit:
+            self.last_tail = None
+            return False
+        qs = self.tail_quantiles()
+        cv, cw = counterfactual_gaps(self._window, limit)
+        uv, uw = counterfactual_gaps(self._window, none_limit)
+        if cv.size == 0 or cw.sum() <= 0:
+            self.last_tail = None
+            return False
+        qc = weighted_quantiles(cv, cw, qs)
+        qu = weighted_quantiles(uv, uw, qs)
+        self.last_tail = {"quantiles": qs, "capped": qc, "uncapped": qu, "limit": limit, "no_cap_limit": none_limit}
+        m = self.tail_margin
+        mid = qs.index(self.tail_quantile)
+        better = qc[mid] < qu[mid] * (1.0 - m)
+        no_worse = all(c <= u * (1.0 + m) for c, u in zip(qc, qu))
+        return bool(better and no_worse)
+
+    def _typical_decodes(self) -> int:
+        ds = [d for p, d, _ in self._window if p > 0 and d > 0]
+        if not ds:
+            return 1
+        ds.sort()
+        return max(1, ds[len(ds) // 2])
+
+    def _infeasible(self, obs: Observation) -> bool:
+        if self.estimate_reliable:
+            return self.estimate_cap(max(obs.num_decodes, 1)) is None
+        return self._over_at_min >= self.infeasible_after
+
     # ------------------------------------------------------------------ observe
     def _wants_sample(self, obs: Observation) -> bool:
         if self.estimator_samples == "all":
@@ -475,31 +605,6 @@ class DLFPS(DLFP):
         if self.estimator_samples == "guarded":
             return obs.guarded
         return obs.prefill_tokens > 0
-
-    def _enter(self, mode: str, obs: Observation) -> None:
-        self.mode = mode
-        self._mode_iters = 0
-        self._mode_since_s = obs.time_s
-        if mode == _CAPPED:
-            self._capped.clear()
-            self._since_check = 0
-            self._over_at_min = 0
-            self._probe_proven = False
-
-    def _stand_down(self, obs: Observation, before: int | None, reason: str) -> None:
-        if not self._probe_proven:
-            self._failed_probes += 1
-        self._stood_down_once = True
-        self._enter(_STOOD_DOWN, obs)
-        self._record(obs, before, None, reason)
-
-    def _tail_worse(self) -> bool:
-        cv, cw = zip(*self._capped)
-        uv, uw = zip(*self._uncapped)
-        qc = weighted_quantile(list(cv), list(cw), self.tail_quantile)
-        qu = weighted_quantile(list(uv), list(uw), self.tail_quantile)
-        self.last_tail = (qc, qu)
-        return qc > qu * (1.0 + self.tail_margin)
 
     def _current_cap(self) -> int | None:
         return self.cap if self.mode == _CAPPED else None
@@ -518,6 +623,11 @@ class DLFPS(DLFP):
                     f"guarded iteration {obs.iteration}: {self.signal} interval must be positive and finite, got {iv!r}"
                 )
             iv = None  # an unusable interval of an unguarded iteration is ignored
+        if obs.guarded and self.mode == _CAPPED and iv is None:
+            raise ValueError(
+                f"guarded iteration {obs.iteration} has no {self.signal} interval: backends must "
+                f"call observe() once the {self.signal} signal is known"
+            )
         before = self._current_cap()
         granted = obs.guarded and obs.cap in self._grants and (self.cap is None or obs.cap > self.cap)
         if granted:
@@ -526,69 +636,48 @@ class DLFPS(DLFP):
         # 1. learn (every qualifying iteration with a known interval, any mode)
         if iv is not None and self.use_estimator and self._wants_sample(obs):
             self.estimator.update(obs.prefill_tokens, obs.num_decodes, iv)
+        self._max_prefill = max(self._max_prefill, int(obs.prefill_tokens))
+        if iv is not None:
+            self._window.append((int(obs.prefill_tokens), int(obs.num_decodes), float(iv)))
+        if obs.num_decodes > 0 and iv is not None:
+            self._gaps += int(obs.num_decodes)
+            self._since_check += int(obs.num_decodes)
+        if self.mode != _CAPPED and iv is not None and obs.num_decodes > 0 and obs.prefill_tokens >= self.min_cap:
+            # an uncapped mixed iteration is a cycle "at cap = its prefill": the proportional law learns
+            # from it, so the candidate cap the tail check weighs is already the target's, not the initial one
+            self.cap = self.next_cap(int(obs.prefill_tokens), iv)
+        if obs.guarded and not granted and self.mode == _CAPPED:
+            at_min = self.cap == self.min_cap and (obs.cap is None or obs.cap <= self.min_cap)
+            self._over_at_min = self._over_at_min + 1 if (at_min and iv > self.target_s) else 0
 
-        # 2. decode-gap windows: one gap of length iv for each decoding stream
-        has_gap = obs.num_decodes > 0 and iv is not None
-        if has_gap:
-            self._mode_iters += 1
-            (self._capped if self.mode == _CAPPED else self._uncapped).append((iv, obs.num_decodes))
-        if self._mode_since_s is None:
-            self._mode_since_s = obs.time_s
-
-        # 3. uncapped modes: reference phase and stand-down, with re-probing
-        if self.mode == _REFERENCE:
-            if self._mode_iters >= self.reference_iters:
-                self._reprobe(obs, before)
-            else:
-                self._record(obs, None, None, "reference")
-            return
-        if self.mode == _STOOD_DOWN:
-            mult = self.backoff
-            waited_iters = self._mode_iters >= self.reprobe_iters * mult
-            waited_s = self.reprobe_s is not None and obs.time_s - self._mode_since_s >= self.reprobe_s * mult
-            if waited_iters or waited_s:
-                d = max(obs.num_decodes, 1)
-                if not self.infeasible_probe and self.estimate_reliable and self.estimate_cap(d) is None:
-                    self._enter(_STOOD_DOWN, obs)  # still infeasible: renew without probing
-                    self._record(obs, None, None, "stand_down_infeasible")
-                else:
-                    self._reprobe(obs, before)
-            else:
-                self._record(obs, None, None, "stood_down")
-            return
-
-        # 4. capped mode
-        if obs.guarded and iv is None:
-            raise ValueError(
-                f"guarded iteration {obs.iteration} has no {self.signal} interval: backends must "
-                f"call observe() once the {self.signal} signal is known"
-            )
+        # 2. feasibility: the counterfactual tail check (and, optionally, the target's feasibility)
         if self.use_feasibility:
-            infeasible_now = obs.num_decodes > 0 and self.estimate_reliable and self.estimate_cap(obs.num_decodes) is None
-            if infeasible_now and self._infeasible_rule_active:
-                self._stand_down(obs, before, "stand_down_infeasible")
-                return
-            if obs.guarded and not granted and self._infeasible_rule_active:
-                at_min = self.cap == self.min_cap and (obs.cap is None or obs.cap <= self.min_cap)
-                self._over_at_min = self._over_at_min + 1 if (at_min and iv > self.target_s) else 0
-                if self._over_at_min >= self.infeasible_after:
-                    self._stand_down(obs, before, "stand_down_infeasible")
+            due = self._gaps >= self.tail_min_samples and (
+                self.mode == _REFERENCE or self._since_check >= self.tail_check_every
+            )
+            if due:
+                self._since_check = 0
+                self.num_checks += 1
+                infeasible = self.infeasible_stand_down and self._infeasible(obs)
+                want = (not infeasible) and self.tail_check(self._target_cap(self._typical_decodes()))
+                if want and self.mode != _CAPPED:
+                    self.mode = _CAPPED
+                    self._over_at_min = 0
+                    if self.estimate_reliable:
+                        self.cap = self._target_cap(max(obs.num_decodes, 1))
+                    self._record(obs, before, self.cap, "resume")
                     return
-            if has_gap:
-                self._since_check += 1
-                enough = len(self._capped) >= self.tail_min_samples
-                if enough and self._since_check >= self.tail_check_every:
-                    self._since_check = 0
-                    if len(self._uncapped) >= self.tail_min_samples and self._tail_worse():
-                        self._stand_down(obs, before, "stand_down_tail")
-                        return
-                    self._probe_proven = True
-                    self._failed_probes = 0
+                if not want and self.mode != _STOOD_DOWN:
+                    self.mode = _STOOD_DOWN
+                    self._record(obs, before, None, "stand_down_infeasible" if infeasible else "stand_down_tail")
+                    return
+            if self.mode != _CAPPED:
+                self._record(obs, None, None, "reference" if self.mode == _REFERENCE else "stood_down")
+                return
 
-        # 5. cap update
+        # 3. cap update (capped mode)
         if self.estimate_reliable:
-            est = self.estimate_cap(max(obs.num_decodes, 1))
-            self.cap = self.min_cap if est is None else est
+            self.cap = self._target_cap(max(obs.num_decodes, 1))
             reason = "ttft_guard" if granted else ("estimate" if obs.guarded else "unguarded")
         elif obs.guarded and not granted:
             self.cap = self.next_cap(self.cap, iv)  # type: ignore[arg-type]
@@ -597,18 +686,18 @@ class DLFPS(DLFP):
             reason = "ttft_guard" if granted else "unguarded"
         self._record(obs, before, self.cap, reason)
 
-    def _reprobe(self, obs: Observation, before: int | None) -> None:
-        self._enter(_CAPPED, obs)
-        if self.estimate_reliable:
-            est = self.estimate_cap(max(obs.num_decodes, 1))
-            if est is not None:
-                self.cap = est
-        self._record(obs, before, self.cap, "reprobe")
-
     def params(self) -> dict:
         """Parameters (DLFP's plus every option) for the trace metadata."""
         opts = {k: getattr(self, k) for k in DEFAULT_OPTIONS}
         return {**super().params(), **opts}
 
 
-__all__ = ["DEFAULT_OPTIONS", "DLFPS", "ESTIMATOR_SAMPLES", "RLSEstimator", "weighted_quantile"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "DLFPS",
+    "ESTIMATOR_SAMPLES",
+    "RLSEstimator",
+    "counterfactual_gaps",
+    "weighted_quantile",
+    "weighted_quantiles",
+]
