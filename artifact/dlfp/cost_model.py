@@ -128,6 +128,16 @@ class GPUSpec:
     idle_w: float
     source: str = ""
     idle_source: str = ""
+    # kind "fitted" (a measured profile written by `dlfp calibrate`, e.g. hardware/cpu-calibrated.yaml):
+    # the datasheet fields above are NaN and the device time comes from ``fitted`` (see FittedDeviceModel)
+    kind: str = "datasheet"
+    fitted: dict | None = None  # FittedCosts fields (seconds per unit)
+    host: dict | None = None  # HostCosts fields measured with the profile (defaults for dlfp.runners.sim)
+    model: str | None = None  # the model the profile was fitted for
+    dtype_bytes: int | None = None  # bytes per weight/KV element on this device (fp32 CPU: 4)
+    kv_cache_gib: float | None = None  # KV-cache space (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
+    machine: dict | None = None  # description of the measured machine
+    fit: dict | None = None  # fit quality (residuals) and grid
 
     @property
     def peak_flops(self) -> float:
@@ -290,6 +300,10 @@ def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, *, gpu_memory_utili
     Raises:
         CostModelError: the weights do not fit (field ``gpu_memory_utilization``).
     """
+    if gpu.kind == "fitted" and gpu.kv_cache_gib is not None:
+        # a measured CPU profile: vLLM's CPU KV cache is a fixed space (VLLM_CPU_KVCACHE_SPACE), elements of dtype_bytes
+        scale = (gpu.dtype_bytes or model.dtype_bytes) / model.dtype_bytes
+        return int(gpu.kv_cache_gib * GIB // (block_size * model.kv_bytes_per_token(tp) * scale))
     free = gpu.memory_gib * GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve_gib * GIB
     if free <= 0:
         raise CostModelError(
@@ -303,7 +317,14 @@ class DeviceModel:
 
     ``time(...)`` takes aggregate counts so the simulator avoids per-request
     objects; ``iteration_time``/``breakdown`` take a ``Batch``.
+    A ``GPUSpec`` of ``kind == "fitted"`` (a measured profile) gives a
+    :class:`FittedDeviceModel` instead.
     """
+
+    def __new__(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+        if cls is DeviceModel and getattr(gpu, "kind", "datasheet") == "fitted":
+            return super().__new__(FittedDeviceModel)
+        return super().__new__(cls)
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
         model.check_tp(tp)
@@ -377,6 +398,72 @@ class DeviceModel:
                          total * self.power_w(util) * self.tp, lin_flops + att_flops, lin_bytes + att_bytes)
 
 
+@dataclass(frozen=True)
+class FittedCosts:
+    """Coefficients of a measured profile (seconds per unit), fitted by ``dlfp.calibrate``.
+
+    ``t = step_s + per_token_s * tokens + per_sampled_s * sampled + per_attn_pair_s * attn_pairs
+    + per_kv_token_s * kv_read_tokens``: the parts of the GPU form (fixed per-step cost, per-token
+    and per-sequence compute, attention over context, KV reads) added instead of taken as roofline
+    maxima (eager CPU execution does not overlap compute and memory traffic).
+    """
+
+    step_s: float
+    per_token_s: float
+    per_sampled_s: float
+    per_attn_pair_s: float
+    per_kv_token_s: float
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise CostModelError(f"field fitted.{f.name}: must be a finite non-negative number, got {v!r}")
+
+
+class FittedDeviceModel(DeviceModel):
+    """Device time from a measured (``kind: fitted``) profile; same interface as ``DeviceModel``.
+
+    Energy is not modelled for such a profile (its ``tdp_w``/``idle_w`` are NaN, so energies are NaN).
+
+    Raises:
+        CostModelError: the profile was fitted for another model (field ``gpu``), ``tp != 1`` (field
+            ``tp``), or bad coefficients (field ``fitted.*``).
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+        model.check_tp(tp)
+        if gpu.model is not None and gpu.model != model.key:
+            raise CostModelError(f"field gpu: profile {gpu.key!r} was fitted for model {gpu.model!r}, not {model.key!r}")
+        if tp != 1:
+            raise CostModelError(f"field tp: profile {gpu.key!r} was measured on one device; tp={tp} is not modelled")
+        self.c = FittedCosts(**(gpu.fitted or {}))
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.a = assumptions or DeviceAssumptions()
+        self.overhead = self.c.step_s
+        self.idle_w, self.tdp_w = gpu.idle_w, gpu.tdp_w
+
+    def time(self, tokens: int, sampled: int, attn_pairs: float, kv_read_tokens: float) -> tuple[float, float]:
+        """Device time (s) of one iteration from aggregate counts (see ``DeviceModel.time``); utilisation NaN."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        c = self.c
+        return (c.step_s + c.per_token_s * tokens + c.per_sampled_s * sampled + c.per_attn_pair_s * attn_pairs
+                + c.per_kv_token_s * kv_read_tokens), float("nan")
+
+    def breakdown(self, batch: Batch) -> Breakdown:
+        """Parts: ``linear_s`` = per-token + per-sampled terms, ``attention_s`` = pair + KV terms, ``overhead_s`` = step."""
+        tokens, sampled, pairs, kv = batch_counts(batch)
+        if tokens <= 0:
+            return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        c = self.c
+        lin = c.per_token_s * tokens + c.per_sampled_s * sampled
+        att = c.per_attn_pair_s * pairs + c.per_kv_token_s * kv
+        total = lin + att + c.step_s
+        nan = float("nan")
+        return Breakdown(lin, att, 0.0, c.step_s, total, nan, nan, nan, nan)
+
+
 def batch_counts(batch: Batch) -> tuple[int, int, float, float]:
     """Aggregate ``(tokens, sampled, attn_pairs, kv_read_tokens)`` of a ``Batch``.
 
@@ -436,7 +523,8 @@ def iteration_energy(model: str, gpu: str, tp: int, batch: Batch) -> float:
 
 
 __all__ = [
-    "Batch", "Breakdown", "CostModelError", "DeviceAssumptions", "DeviceModel", "GPUSpec", "ModelSpec",
+    "Batch", "Breakdown", "CostModelError", "DeviceAssumptions", "DeviceModel", "FittedCosts", "FittedDeviceModel",
+    "GPUSpec", "ModelSpec",
     "batch_counts", "device_model", "iteration_energy", "iteration_time", "known_gpus", "known_models",
     "kv_cache_blocks", "load_gpu", "load_model",
 ]

@@ -57,7 +57,8 @@ def build_engine_parts(cfg: ExperimentConfig):
         model.check_tp(cfg.tp)
         dev = cm.DeviceAssumptions(**(opts.get("device") or {}))
         dm = cm.DeviceModel(model, gpu, cfg.tp, dev)
-        host = HostCosts.from_dict(opts.get("host"))
+        # a measured profile (kind: fitted) carries its own host costs; backend_options.sim.host overrides them
+        host = HostCosts.from_dict({**(gpu.host or {}), **(opts.get("host") or {})})
         blocks = opts.get("num_gpu_blocks")
         if blocks is None:
             blocks = cm.kv_cache_blocks(model, gpu, cfg.tp, gpu_memory_utilization=cfg.gpu_memory_utilization,

@@ -1,0 +1,156 @@
+"""dlfp.validate_sim: error computation on hand-made traces, the paired DLFP effect, step attribution, the
+fingerprint check and the figures. No timing: all trace times are hand-made."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlfp import validate_sim as vs
+from dlfp.traces import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce
+
+SLO = {"ttft_s": 10.0, "itl_s": 10.0, "itl_quantile": 1.0}
+
+
+def _trial(arm: str, seed: int, first: float, gaps: list[float], *, n_req: int = 3, fp: str = "fp",
+           iters: pd.DataFrame | None = None) -> Trial:
+    """``n_req`` measured requests arriving at 0, 10, 20 s; first token after ``first`` s, then ``gaps``."""
+    rq = pd.DataFrame({"request_id": [f"r{i}" for i in range(n_req)], "arrival_s": [10.0 * i for i in range(n_req)],
+                       "prompt_tokens": 8, "output_tokens": len(gaps) + 1, "warmup": False, "finished": True,
+                       "fingerprint": fp})
+    rows = []
+    for i in range(n_req):
+        t = 10.0 * i + first
+        rows.append((f"r{i}", 0, 1, t))
+        for k, g in enumerate(gaps, start=1):
+            t += g
+            rows.append((f"r{i}", k, 1, t))
+    tk = pd.DataFrame(rows, columns=["request_id", "index", "token_id", "time_s"])
+    it = iters if iters is not None else pd.DataFrame({c: pd.Series(dtype=d) for c, d in ITERATION_COLUMNS.items()})
+    md = {"arm": arm, "seed": seed, "experiment": "x", "backend": "test", "workload_fingerprint": fp,
+          "config": {"slo": SLO}}
+    return Trial(coerce(rq, REQUEST_COLUMNS), coerce(tk, TOKEN_COLUMNS), coerce(it, ITERATION_COLUMNS), md)
+
+
+def test_rel_error():
+    assert vs.rel_error(0.100, 0.110) == pytest.approx(0.10)
+    assert vs.rel_error(0.100, 0.080) == pytest.approx(-0.20)
+    assert math.isnan(vs.rel_error(0.0, 1.0)) and math.isnan(vs.rel_error(float("nan"), 1.0))
+
+
+def test_error_table_on_hand_made_traces():
+    # real: TTFT 1.0 s, gaps 10 ms x 9 and one 100 ms; sim: TTFT 1.2 s, gaps 11 ms x 9 and one 80 ms
+    real = {("baseline", 1): _trial("baseline", 1, 1.0, [0.010] * 9 + [0.100])}
+    sim = {("baseline", 1): _trial("baseline", 1, 1.2, [0.011] * 9 + [0.080])}
+    err = vs.error_table(real, sim)
+    r = err[err["seed"] == "1"].iloc[0]
+    assert r["ttft_p50_err"] == pytest.approx(0.2) and not r["ttft_p50_ok"]  # 20 % > 10 % target
+    assert r["ttft_p99_err"] == pytest.approx(0.2) and r["ttft_p99_ok"]  # 20 % <= 20 % target
+    assert r["itl_p50_err"] == pytest.approx(0.1) and r["itl_p50_ok"]
+    # P99 of 30 pooled gaps (27 x 10 ms, 3 x 100 ms), linear interpolation at rank 0.99 * 29 = 28.71:
+    # between sorted[28] = 100 ms and sorted[29] = 100 ms -> 100 ms; sim likewise 80 ms -> -20 %
+    assert r["itl_p99_real_s"] == pytest.approx(0.100) and r["itl_p99_sim_s"] == pytest.approx(0.080)
+    assert r["itl_p99_err"] == pytest.approx(-0.2)
+    # E2EL = 1.0 + 0.19 = 1.19 s real; 1.2 + 0.179 = 1.379 s sim
+    assert r["e2el_p99_err"] == pytest.approx(1.379 / 1.19 - 1)
+    m = err[err["seed"] == "mean"].iloc[0]
+    assert m["ttft_p50_err"] == pytest.approx(0.2)
+    with pytest.raises(vs.ValidationError, match="no simulated trial"):
+        vs.error_table(real, {})
+
+
+def test_seed_mean_row_averages_metrics_before_the_error():
+    real = {("b", 1): _trial("b", 1, 1.0, [0.01] * 5), ("b", 2): _trial("b", 2, 3.0, [0.01] * 5)}
+    sim = {("b", 1): _trial("b", 1, 1.5, [0.01] * 5), ("b", 2): _trial("b", 2, 2.5, [0.01] * 5)}
+    err = vs.error_table(real, sim).set_index("seed")
+    assert err.loc["1", "ttft_p50_err"] == pytest.approx(0.5)
+    assert err.loc["2", "ttft_p50_err"] == pytest.approx(-1 / 6)
+    assert err.loc["mean", "ttft_p50_err"] == pytest.approx(0.0)  # (1.5 + 2.5) / (1 + 3) - 1
+
+
+def test_dlfp_effect_sign_and_size():
+    # real: DLFP lowers the worst gap 100 -> 50 ms (-50 %); sim: 80 -> 60 ms (-25 %): same sign, +25 points
+    real = {("baseline", 1): _trial("baseline", 1, 1.0, [0.01] * 9 + [0.100]),
+            ("dlfp", 1): _trial("dlfp", 1, 1.0, [0.01] * 9 + [0.050])}
+    sim = {("baseline", 1): _trial("baseline", 1, 1.0, [0.01] * 9 + [0.080]),
+           ("dlfp", 1): _trial("dlfp", 1, 1.0, [0.01] * 9 + [0.060])}
+    eff = vs.dlfp_effect(real, sim).set_index("seed")
+    assert eff.loc["1", "real_change"] == pytest.approx(-0.5)
+    assert eff.loc["1", "sim_change"] == pytest.approx(-0.25)
+    assert bool(eff.loc["1", "same_sign"]) and eff.loc["1", "size_error"] == pytest.approx(0.25)
+    # opposite sign
+    sim[("dlfp", 1)] = _trial("dlfp", 1, 1.0, [0.01] * 9 + [0.120])
+    eff = vs.dlfp_effect(real, sim).set_index("seed")
+    assert not bool(eff.loc["1", "same_sign"]) and eff.loc["1", "sim_change"] == pytest.approx(0.5)
+
+
+def _iters(sched_costs, exec_times, rests, prefill):
+    """Back-to-back iterations (sync loop) with the given schedule cost, execute time and rest of the loop."""
+    t = 0.0
+    rows = []
+    for i, (s, e, r, p) in enumerate(zip(sched_costs, exec_times, rests, prefill)):
+        rows.append({"iteration": i, "schedule_s": t, "prefill_tokens": p, "num_prefills": int(p > 0),
+                     "num_decodes": 2, "cap": None, "cap_after": None, "guarded": False, "signal": "host_cadence",
+                     "observed_interval_s": np.nan, "host_interval_s": s + e + r, "device_time_s": e,
+                     "issue_s": t + s, "device_start_s": t + s, "device_end_s": t + s + e, "energy_j": np.nan})
+        t += s + e + r
+    return pd.DataFrame(rows)
+
+
+def test_step_parts_and_attribution():
+    it_real = _iters([0.001] * 4, [0.010, 0.010, 0.500, 0.010], [0.002] * 4, [0, 0, 1000, 0])
+    it_sim = _iters([0.001] * 4, [0.012, 0.012, 0.400, 0.012], [0.001] * 4, [0, 0, 1000, 0])
+    real = {("b", 1): _trial("b", 1, 1.0, [0.01], iters=it_real)}
+    sim = {("b", 1): _trial("b", 1, 1.0, [0.01], iters=it_sim)}
+    parts = vs.step_parts(real, "real").set_index("kind")
+    assert parts.loc["decode", "steps"] == 3 and parts.loc["prefill", "prefill_tokens"] == 1000
+    assert parts.loc["decode", "schedule_s"] == pytest.approx(0.001)
+    assert parts.loc["decode", "execute_s"] == pytest.approx(0.010)
+    assert parts.loc["decode", "rest_s"] == pytest.approx(0.002)
+    att = vs.attribution(real, sim).set_index("kind")
+    assert att.loc["decode", "execute_s_err"] == pytest.approx(0.2)
+    assert att.loc["prefill", "execute_s_err"] == pytest.approx(-0.2)
+    assert att.loc["decode", "rest_s_err"] == pytest.approx(-0.5)
+    fit = vs.decode_step_fit(real)
+    assert fit["n"] == 3 and math.isnan(fit["per_seq_s"])  # one batch size only: no slope
+
+
+def test_cap_trajectories_and_figures():
+    it = _iters([0.001] * 3, [0.01] * 3, [0.001] * 3, [100, 100, 0])
+    it["guarded"] = [True, True, False]
+    it["cap_after"] = pd.array([256, 128, 128], dtype="Int64")
+    real = {("dlfp", 1): _trial("dlfp", 1, 1.0, [0.01, 0.02], iters=it)}
+    sim = {("dlfp", 1): _trial("dlfp", 1, 1.0, [0.01, 0.03], iters=it)}
+    caps = vs.cap_trajectories(real, sim)
+    assert caps.groupby("backend").size().to_dict() == {"real": 2, "sim": 2}
+    assert caps[caps["backend"] == "real"]["cap_after"].tolist() == [256, 128]
+    fig = vs.cap_trajectory_overlay_figure(real, sim)
+    assert len(fig.axes[0].lines) == 2
+    fig2 = vs.itl_cdf_overlay_figure(real, sim)
+    lines = fig2.axes[0].lines
+    assert len(lines) == 3  # real, sim, and the P99 guide line
+    # the real CDF ends at the largest gap (20 ms) with probability 1
+    assert lines[0].get_xdata()[-1] == pytest.approx(20.0) and lines[0].get_ydata()[-1] == 1.0
+    md = vs.fidelity_markdown(vs.error_table(real, sim), vs.dlfp_effect(real, sim))
+    assert "| dlfp | itl_p99 |" in md
+
+
+def test_simulate_like_checks_the_fingerprint():
+    """A simulated 'real' trial of cpu-tiny, re-simulated, gives zero error; a changed fingerprint is refused."""
+    from dlfp import cost_model as cm
+
+    if "cpu" not in cm.known_gpus():
+        pytest.skip("no calibrated CPU profile shipped yet (run `dlfp calibrate`)")
+    from dlfp.config import load_experiment
+    from dlfp.runners.sim import run_trial
+
+    cfg = load_experiment("cpu-tiny")
+    base = run_trial(cfg, "baseline", 801)
+    again = vs.simulate_like(base)
+    err = vs.error_table({("baseline", 801): base}, {("baseline", 801): again})
+    assert all(err[f"{m}_err"].abs().max() == 0 for m in vs.METRICS)
+    base.metadata["workload_fingerprint"] = "0" * 64
+    with pytest.raises(vs.ValidationError, match="fingerprint differs"):
+        vs.simulate_like(base)
