@@ -241,10 +241,18 @@ class DLFPSchedulerMixin:
         # wait in self.waiting and are prefills again when resumed.
         partial = [r for r in self.running if r.is_prefill_chunk]
         num_decoding = len(self.running) - len(partial)
-        oldest = None
-        if self.waiting:
-            oldest = t0 - max(0.0, time.time() - self.waiting.peek_request().arrival_time)
-        cap = self.dlfp_policy.prefill_cap(num_decoding, now_s=t0, oldest_waiting_s=oldest)
+        # the oldest request without a first token (waiting, or running mid-prompt): its wait so far (s)
+        # and its prompt tokens still to prefill, for policies with a TTFT guard (DLFP-S)
+        oldest = self.waiting.peek_request() if self.waiting else None
+        for r in partial:
+            if r.num_output_tokens == 0 and (oldest is None or r.arrival_time < oldest.arrival_time):
+                oldest = r
+        if oldest is None:
+            cap = self.dlfp_policy.prefill_cap(num_decoding, now_s=t0)
+        else:
+            cap = self.dlfp_policy.prefill_cap(
+                num_decoding, now_s=t0, oldest_waiting_s=max(0.0, time.time() - oldest.arrival_time),
+                oldest_remaining_tokens=max(0, oldest.num_prompt_tokens - oldest.num_computed_tokens))
         if cap is None or not (partial or self.waiting):  # no cap, or no prefill it could bind
             out = super().schedule()
         else:
