@@ -108,11 +108,11 @@ def test_failed_write_leaves_no_trial(tmp_path, monkeypatch):
     calls = []
     real = tr._write_parquet
 
-    def flaky(df, path):
+    def flaky(df, path, columns):
         calls.append(path.name)
         if len(calls) == 2:
             raise OSError("disk full")
-        real(df, path)
+        real(df, path, columns)
 
     monkeypatch.setattr(tr, "_write_parquet", flaky)
     with pytest.raises(OSError, match="disk full"):
@@ -126,7 +126,7 @@ def test_failed_write_leaves_no_trial(tmp_path, monkeypatch):
 
 def test_failed_overwrite_keeps_old_trial(tmp_path, monkeypatch):
     d = write_trial(make_trial(), tmp_path)
-    monkeypatch.setattr(tr, "_write_parquet", lambda df, path: (_ for _ in ()).throw(OSError("boom")))
+    monkeypatch.setattr(tr, "_write_parquet", lambda df, path, columns: (_ for _ in ()).throw(OSError("boom")))
     with pytest.raises(OSError):
         write_trial(make_trial(), tmp_path, overwrite=True)
     assert_same(make_trial(), load_trial(d))
@@ -219,3 +219,17 @@ def test_metadata_numpy_values_serialise(tmp_path):
     d = write_trial(t, tmp_path)
     md = json.loads((d / "metadata.json").read_text())
     assert md["seed"] == 802 and md["hardware"] == {"tp": 2, "tflops": 312.0, "nvml": False}
+
+
+def test_times_survive_the_nanosecond_storage(tmp_path):
+    # time columns are stored as integer nanoseconds: a round trip changes a value by at most 0.5 ns
+    t = make_trial()
+    t.tokens["time_s"] = t.tokens["time_s"] + 1.0 / 3.0
+    d = write_trial(t, tmp_path)
+    back = load_trial(d)
+    err = np.abs(back.tokens["time_s"].to_numpy() - t.tokens["time_s"].to_numpy())
+    assert err.max() <= 0.5e-9 + 1e-12
+    assert pq.read_schema(d / "tokens.parquet").field("time_s").type == pa.int64()
+    # NaN (unknown) times stay NaN
+    assert np.array_equal(np.isnan(back.iterations["device_time_s"].to_numpy()),
+                          np.isnan(tr.coerce(t.iterations, tr.ITERATION_COLUMNS)["device_time_s"].to_numpy()))

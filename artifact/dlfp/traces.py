@@ -146,11 +146,41 @@ def package_versions(names: tuple[str, ...] = ("numpy", "pandas", "pyarrow", "sc
     return out
 
 
-def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+TIME_UNIT_NS = 1e9  # stored time columns: integer nanoseconds
+
+
+def _time_columns(columns: dict[str, str]) -> list[str]:
+    """The float ``*_s`` columns of a schema (stored on disk as int64 nanoseconds)."""
+    return [c for c, t in columns.items() if t == "float64" and c.endswith("_s")]
+
+
+def _write_parquet(df: pd.DataFrame, path: Path, columns: dict[str, str]) -> None:
+    """Write one frame compactly and deterministically.
+
+    Time columns (float seconds) are stored as nullable int64 NANOSECONDS and
+    every integer column with DELTA_BINARY_PACKED encoding, other floats with
+    BYTE_STREAM_SPLIT, all zstd-compressed: monotonic clocks then compress
+    about 4x better than raw float64. ``load_trial`` converts back to float
+    seconds (rounding error <= 0.5 ns).
+    """
+    df = df.copy()
+    for c in _time_columns(columns):
+        v = df[c].to_numpy(dtype=float)
+        nan = np.isnan(v)
+        ns = pd.array(np.where(nan, 0.0, np.rint(v * TIME_UNIT_NS)).astype(np.int64), dtype="Int64")
+        ns[nan] = pd.NA
+        df[c] = ns
     table = pa.Table.from_pandas(df, preserve_index=False)
     # Drop pandas' own schema metadata so identical frames give identical bytes.
     table = table.replace_schema_metadata(None)
-    pq.write_table(table, path, compression="zstd")
+    enc = {}
+    for f in table.schema:
+        if pa.types.is_integer(f.type):
+            enc[f.name] = "DELTA_BINARY_PACKED"
+        elif pa.types.is_floating(f.type):
+            enc[f.name] = "BYTE_STREAM_SPLIT"
+    pq.write_table(table, path, compression="zstd", compression_level=9,
+                   use_dictionary=[c for c in table.column_names if c not in enc], column_encoding=enc)
 
 
 def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> Path:
@@ -176,7 +206,7 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         for n, df in frames.items():
-            _write_parquet(df, tmp / f"{n}.parquet")
+            _write_parquet(df, tmp / f"{n}.parquet", FILES[n])
         with open(tmp / "metadata.json", "w") as f:
             json.dump(md, f, indent=2, sort_keys=True, default=_json_default)
             f.write("\n")
@@ -245,9 +275,9 @@ def validate(trial: Trial, where: str = "") -> None:
         if not np.isfinite(tk["time_s"].to_numpy()).all():
             raise TraceError(f"{f_tk}: field time_s has non-finite values")
         g = tk.groupby("request_id", sort=False)
-        idx_ok = g["index"].transform(lambda s: np.array_equal(s.to_numpy(), np.arange(len(s)))).astype(bool)
+        idx_ok = g.cumcount().to_numpy() == tk["index"].to_numpy()
         if not idx_ok.all():
-            bad = tk.loc[~idx_ok, "request_id"].iloc[0]
+            bad = tk["request_id"].to_numpy()[~idx_ok][0]
             raise TraceError(f"{f_tk}: field index is not 0..n-1 in order for request {bad}")
         d = g["time_s"].diff().to_numpy()
         if np.any(d[~np.isnan(d)] < 0):
@@ -304,7 +334,7 @@ def load_trial(path: str | Path) -> Trial:
             at = schema[c]
             ok = {
                 "string": pa.types.is_string(at) or pa.types.is_large_string(at),
-                "float64": pa.types.is_floating(at),
+                "float64": pa.types.is_floating(at) or (c in _time_columns(cols) and pa.types.is_integer(at)),
                 "int64": pa.types.is_integer(at),
                 "Int64": pa.types.is_integer(at) or pa.types.is_null(at),
                 "bool": pa.types.is_boolean(at),
@@ -312,6 +342,9 @@ def load_trial(path: str | Path) -> Trial:
             if not ok:
                 raise TraceError(f"{fp}: field {c} has type {at}, expected {t}")
         df = table.to_pandas()
+        for c in _time_columns(cols):
+            if pa.types.is_integer(schema[c]):  # stored as integer nanoseconds
+                df[c] = df[c].astype("Float64").to_numpy(dtype=float, na_value=np.nan) / TIME_UNIT_NS
         frames[name] = coerce(df, cols, str(fp))
     trial = Trial(**frames, metadata=md)
     validate(trial, where=str(p))

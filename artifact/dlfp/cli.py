@@ -1,0 +1,237 @@
+"""The ``dlfp`` command line.
+
+Usage::
+
+    dlfp list
+    dlfp run EXPERIMENT [--backend B] [--seeds S ...] [--arms A ...] [--out DIR] [--force] [--quick]
+                        [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-progress]
+    dlfp run-all [--backend B] [--experiments E ...] [--seeds S ...] [--force] [--quick] [--traces DIR]
+                 [--results DIR] [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-figures]
+    dlfp figures [--traces DIR] [--out DIR] [--published CSV]
+    dlfp calibrate ...      (dlfp.calibrate.main_calibrate; `dlfp calibrate -h`)
+    dlfp validate-sim ...   (dlfp.validate_sim.main_validate; `dlfp validate-sim -h`)
+
+``--backend`` is ``auto`` (default; also ``$DLFP_BACKEND``), ``sim``, ``emu`` or
+``vllm``: ``auto`` picks ``vllm`` when a GPU and vLLM are present, else ``sim``.
+Bad input (an unknown experiment, backend or override; a missing traces
+directory) prints one line naming it and exits with status 2.
+
+Subcommands live in a registry: a new one is a function decorated with
+``@command(name, help)`` that receives the subparser to configure and returns
+the handler ``handler(args) -> int``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+Handler = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], Handler]]] = {}
+EXIT_BAD_INPUT = 2
+
+
+def command(name: str, help: str):
+    """Register a subcommand: the decorated function configures its parser and returns its handler."""
+    def deco(fn: Callable[[argparse.ArgumentParser], Handler]):
+        _COMMANDS[name] = (help, fn)
+        return fn
+    return deco
+
+
+def _err(msg: str) -> None:
+    print(f"dlfp: error: {msg}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- list
+
+
+@command("list", "list the shipped experiments")
+def _list(p: argparse.ArgumentParser) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        from .config import ConfigError, list_experiments, load_experiment
+
+        names = list_experiments()
+        if not names:
+            print("(no experiments shipped)")
+            return 0
+        for n in names:
+            try:
+                c = load_experiment(n)
+                only = [t for t in c.tags if t.startswith("backend:") or t.endswith("-only")]
+                print(f"{n:34s} {c.model:12s} {c.gpu:18s} tp={c.tp} {c.scheduling:5s} "
+                      f"rate={c.workload.rate:g}/s n={c.workload.num_requests} arms={','.join(c.arms)} "
+                      f"seeds={','.join(map(str, c.seeds))}{'  ' + ' '.join(only) if only else ''}")
+            except ConfigError as e:
+                print(f"{n:34s} INVALID: {e}")
+        return 0
+    return run
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default=None,
+                   help="auto (default; $DLFP_BACKEND overrides), sim, emu or vllm")
+
+
+def _frontier_arg(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--frontier", dest="frontier", action="store_true", default=None,
+                   help="also run the fixed-cap arms fixed-<cap> of backend_options.frontier_caps "
+                        "(default: on for the sim backend only)")
+    g.add_argument("--no-frontier", dest="frontier", action="store_false", help="skip the fixed-cap arms")
+
+
+@command("run", "run one experiment (all arms x seeds) directly, resuming completed trials")
+def _run(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("experiment", help="experiment name (see `dlfp list`)")
+    _backend_arg(p)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="subset of seeds (default: the config's)")
+    p.add_argument("--arms", nargs="+", default=None, help="subset of arms (default: all)")
+    p.add_argument("--out", default=None, help="traces root (default data/traces; data/traces-quick with --quick)")
+    p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
+    p.add_argument("--quick", action="store_true", help="smoke run: at most 20 measured requests per trial")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set workload.num_requests=5 (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _frontier_arg(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from . import pipeline
+
+        res = pipeline.run_experiment(args.experiment, backend=args.backend, seeds=args.seeds, arms=args.arms,
+                                      out_dir=args.out, overrides=pipeline.parse_overrides(args.overrides),
+                                      force=args.force, quick=args.quick, frontier=args.frontier,
+                                      progress=not args.no_progress)
+        df = res.frame()
+        counts = df["status"].value_counts().to_dict()
+        print(f"{res.config.name} on {res.backend}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+        print(f"traces: {res.traces_dir / res.backend / res.config.name}")
+        return 0
+    return run
+
+
+@command("run-all", "run the experiment matrix through papermill, then render the figures")
+def _run_all(p: argparse.ArgumentParser) -> Handler:
+    _backend_arg(p)
+    p.add_argument("--experiments", nargs="+", default=None, help="subset (default: every experiment for the backend)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="subset of seeds (default: each config's)")
+    p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: at most 20 measured requests per trial, into data/traces-quick and data/results-quick")
+    p.add_argument("--traces", default=None, help="traces root (default data/traces)")
+    p.add_argument("--results", default=None, help="results directory (default data/results)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every experiment (repeatable)")
+    p.add_argument("--no-figures", action="store_true", help="skip figures.ipynb at the end")
+    _frontier_arg(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from . import pipeline
+
+        res = pipeline.run_all(backend=args.backend, experiments=args.experiments, force=args.force,
+                               quick=args.quick, traces_dir=args.traces, results_dir=args.results, seeds=args.seeds,
+                               overrides=pipeline.parse_overrides(args.overrides), figures=not args.no_figures,
+                               frontier=args.frontier)
+        print(f"run-all on {res['backend']}: {len(res['notebooks'])} experiment(s) in {res['seconds']:.1f} s")
+        print(f"traces and executed experiment notebooks: {res['traces_dir']}/{res['backend']}/<experiment>/")
+        if res["figures_notebook"] is not None:
+            print(f"tables and figures: {res['results_dir']}  (executed notebook: {res['figures_notebook']})")
+        return 0
+    return run
+
+
+@command("figures", "render every table and figure from cached traces (no engine runs)")
+def _figures(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("--traces", default=None, help="traces root (default data/traces)")
+    p.add_argument("--out", default=None, help="results directory (default data/results)")
+    p.add_argument("--published", default=None, help="published numbers CSV (default data/paper/published.csv)")
+
+    def run(args: argparse.Namespace) -> int:
+        import time
+
+        from . import pipeline
+
+        t0 = time.perf_counter()
+        nb = pipeline.render_figures(args.traces, args.out, args.published)
+        print(f"tables and figures: {nb.parent}  (executed notebook: {nb}; {time.perf_counter() - t0:.1f} s)")
+        return 0
+    return run
+
+
+# --------------------------------------------------------------------------- delegated commands
+
+
+_DELEGATED: dict[str, tuple[str, str]] = {}
+
+
+def _delegate(name: str, help_: str, module: str, func: str) -> None:
+    """Register ``dlfp <name> ...`` as a pass-through to ``dlfp.<module>.<func>(argv) -> int``.
+
+    That function parses its own arguments (``dlfp <name> -h`` shows them).
+    """
+    _DELEGATED[name] = (module, func)
+
+    @command(name, help_ + f" (options: `dlfp {name} -h`)")
+    def _configure(p: argparse.ArgumentParser) -> Handler:
+        return lambda args: _run_delegated(name, [])
+
+
+def _run_delegated(name: str, argv: list[str]) -> int:
+    import importlib
+
+    module, func = _DELEGATED[name]
+    try:
+        fn = getattr(importlib.import_module(f"dlfp.{module}"), func)
+    except (ImportError, AttributeError) as e:
+        _err(f"`dlfp {name}` is not available in this checkout ({e})")
+        return EXIT_BAD_INPUT
+    return int(fn(argv) or 0)
+
+
+_delegate("calibrate", "fit the CPU hardware profile from a profiling run of the real engine (issue 9)",
+          "calibrate", "main_calibrate")
+_delegate("validate-sim", "compare the simulator with real-engine traces and report its error (issue 9)",
+          "validate_sim", "main_validate")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="dlfp", description="DLFP reproduction artifact")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (help_, configure) in _COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.set_defaults(_handler=configure(sp))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``dlfp`` console script; returns the exit status (2 for bad input)."""
+    from .config import ConfigError
+    from .pipeline import PipelineError
+    from .runners import BackendUnavailable
+    from .traces import TraceError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        if argv and argv[0] in _DELEGATED:
+            return _run_delegated(argv[0], argv[1:])
+        args = parser.parse_args(argv)
+        return int(args._handler(args) or 0)
+    except (ConfigError, PipelineError, BackendUnavailable, TraceError, FileNotFoundError) as e:
+        _err(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted; completed trials are kept on disk, rerun the same command to resume")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The notebooks executed through papermill, with their tables checked against the traces.
+
+Values are recomputed here straight from the Parquet files with pandas/numpy
+(not through ``dlfp.metrics``). ``test_run_all_on_the_simulator`` needs the
+simulator backend (``dlfp.runners.sim``) and is skipped, saying so, only when
+that module is absent.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from dlfp import pipeline
+from dlfp.traces import find_trials, trial_dir
+from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
+
+NOTEBOOKS = ("experiment", "figures", "controller")
+
+
+def _p99_itl_ms_and_ttft_ms(trial_path):
+    """P99 ITL and P99 TTFT (ms) of a trial, from its Parquet files (numpy linear percentile)."""
+    rq = pd.read_parquet(trial_path / "requests.parquet")
+    tk = pd.read_parquet(trial_path / "tokens.parquet")
+    ids = rq.loc[~rq["warmup"] & rq["finished"], "request_id"]
+    tk = tk[tk["request_id"].isin(ids)].sort_values(["request_id", "index"])
+    gaps = tk.groupby("request_id")["time_s"].diff().dropna().to_numpy()
+    first = tk.groupby("request_id")["time_s"].min()
+    ttft = first - rq.set_index("request_id").loc[first.index, "arrival_s"]
+    return 1000 * np.percentile(gaps, 99), 1000 * np.percentile(ttft.to_numpy(), 99)
+
+
+def _errors(nb_path):
+    nb = nbformat.read(nb_path, as_version=4)
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_sources_are_clean_and_parameterised(name):
+    nb = nbformat.read(pipeline.notebooks_dir() / f"{name}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "store without outputs"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    if name == "experiment":
+        for p in ("experiment", "backend", "seeds", "out_dir", "overrides", "force"):
+            assert f"\n{p} = " in "\n" + tagged[0].source
+
+
+def test_figures_notebook_from_cached_traces(tmp_path):
+    traces, results = tmp_path / "traces", tmp_path / "results"
+    write_fake_experiment(traces, EXP)
+    write_fake_experiment(traces, "qwen3-8b-r0.10", async_lag=True)
+    bad = trial_dir(traces, "sim", "qwen3-8b-r0.10", "dlfp", 803)
+    (bad / "metadata.json").write_text("{ truncated")
+    missing_pub = tmp_path / "no-published.csv"  # a missing published.csv is said in the table's place
+    nb = pipeline.render_figures(traces, results, published_csv=missing_pub)
+    assert nb == results / "figures.ipynb" and _errors(nb) == []
+    pvr_md = (results / "published_vs_reproduced.md").read_text()
+    assert "published numbers unavailable" in pvr_md and str(missing_pub) in pvr_md
+
+    head = pd.read_csv(results / "headline_per_seed.csv")
+    for path in find_trials(traces):
+        if path == bad:
+            continue
+        backend, exp, arm, seed = path.parts[-4:]
+        row = head[(head["experiment"] == exp) & (head["arm"] == arm) & (head["seed"] == int(seed[5:]))]
+        assert len(row) == 1
+        itl, ttft = _p99_itl_ms_and_ttft_ms(path)
+        assert row["p99_itl_ms"].iloc[0] == pytest.approx(itl, abs=5e-4)  # written with 3 decimals
+        assert row["p99_ttft_ms"].iloc[0] == pytest.approx(ttft, abs=5e-4)
+    # The corrupt trial is named, counted, and not used.
+    assert not ((head["experiment"] == "qwen3-8b-r0.10") & (head["arm"] == "dlfp") & (head["seed"] == 803)).any()
+    problems = (results / "problems.md").read_text()
+    assert "sim/qwen3-8b-r0.10/dlfp/seed-803" in problems and "metadata.json" in problems
+    summary = pd.read_csv(results / "headline.csv", dtype={"missing_seeds": str})
+    r = summary[(summary["experiment"] == "qwen3-8b-r0.10") & (summary["arm"] == "dlfp")].iloc[0]
+    assert r["problems"] == 1 and r["seeds"] == 2 and str(r["missing_seeds"]) == "803"
+    for name in ("itl_cdf", "root_cause", "tradeoff", "frontier", f"cap_trajectory_sim_{EXP}",
+                 "cap_trajectory_sim_qwen3-8b-r0.10"):
+        assert (results / f"{name}.png").stat().st_size > 0 and (results / f"{name}.pdf").stat().st_size > 0
+    for name in ("headline", "headline_per_seed", "root_cause", "arm_points", "problems"):
+        assert (results / f"{name}.csv").exists() and (results / f"{name}.md").exists()
+
+    # Byte-for-byte reproduction of the tables is checked in-process in test_tables.py (no second kernel here).
+
+
+def test_run_all_on_the_simulator(tmp_path):
+    pytest.importorskip("dlfp.runners.sim", reason="simulator backend dlfp.runners.sim is not installed yet")
+    traces, results = tmp_path / "traces", tmp_path / "results"
+    small = {"workload.num_requests": 5, "backend_options.frontier_caps": [1024], "arms": TWO_ARMS}
+    res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results,
+                           overrides=small)
+    exp_nb = traces / "sim" / EXP / "experiment.ipynb"
+    assert res["notebooks"] == [exp_nb] and _errors(exp_nb) == []
+    nb = nbformat.read(exp_nb, as_version=4)
+    params = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert params and "workload.num_requests" in params[0].source
+    dirs = find_trials(traces)
+    assert [d.relative_to(traces).as_posix() for d in dirs] == [f"sim/{EXP}/baseline/seed-801",
+                                                                f"sim/{EXP}/dlfp/seed-801",
+                                                                f"sim/{EXP}/fixed-1024/seed-801"]
+    md = json.loads((dirs[0] / "metadata.json").read_text())
+    assert md["config"]["workload"]["num_requests"] == 5
+    # The experiment notebook's own table (beside the traces) and the figures notebook's agree with the traces.
+    for table in (traces / "sim" / EXP / "headline_per_seed.csv", results / "headline_per_seed.csv"):
+        head = pd.read_csv(table)
+        assert list(head["arm"]) == ["baseline", "dlfp", "fixed-1024"]
+        for d in dirs:
+            itl, ttft = _p99_itl_ms_and_ttft_ms(d)
+            row = head[head["arm"] == d.parts[-2]].iloc[0]
+            assert row["measured"] == 5
+            assert row["p99_itl_ms"] == pytest.approx(itl, abs=5e-4)
+            assert row["p99_ttft_ms"] == pytest.approx(ttft, abs=5e-4)
+        b, c = head.iloc[0], head.iloc[1]
+        assert c["p99_itl_change_pct"] == pytest.approx(100 * (c["p99_itl_ms"] - b["p99_itl_ms"]) / b["p99_itl_ms"],
+                                                        abs=0.01)
+    assert res["figures_notebook"] == results / "figures.ipynb" and _errors(results / "figures.ipynb") == []
+    if pipeline.default_published_csv().exists():  # the real published numbers, joined with this experiment
+        pvr = pd.read_csv(results / "published_vs_reproduced.csv", keep_default_na=False)
+        sim_rows = pvr[pvr["backend"] == "sim"]
+        assert set(sim_rows["experiment"]) == {EXP}
+        r = sim_rows[(sim_rows["metric"] == "p99_itl") & (sim_rows["arm_or_change"] == "change_seed_801")].iloc[0]
+        h = pd.read_csv(results / "headline_per_seed.csv")
+        assert float(r["reproduced"]) == pytest.approx(h.loc[h["arm"] == "dlfp", "p99_itl_change_pct"].iloc[0],
+                                                       abs=0.01)
+    pts = pd.read_csv(results / "arm_points.csv")
+    assert list(pts["arm"]) == ["baseline", "dlfp", "fixed-1024"]
+    assert (results / "frontier.png").exists()
+
+    # Resume/skip is tested in-process in test_pipeline.py (no second kernel here).
+
+
+def test_controller_notebook_runs_on_cached_traces(tmp_path):
+    traces = tmp_path / "traces"
+    write_fake_experiment(traces, EXP, seeds=(801,))
+    out = tmp_path / "controller.ipynb"
+    pipeline._execute(pipeline.notebooks_dir() / "controller.ipynb", out,
+                      dict(traces_dir=str(traces), backend="sim", experiment=EXP, arm="dlfp", seed=801),
+                      progress_env=False)
+    assert _errors(out) == []
+    text = json.dumps([c.get("outputs") for c in nbformat.read(out, as_version=4).cells])
+    assert "1 trial(s) of qwen3-0.6b-tp1/dlfp/seed 801" in text
+    # The control law cell: 80 ms observed at cap 3072 keeps 3072; 160 ms halves it (to the 128 quantum).
+    assert "'80 ms': 3072" in text and "'160 ms': 1536" in text
+
+
+def test_failed_notebook_is_kept_and_named(tmp_path):
+    with pytest.raises(pipeline.PipelineError, match="failed.ipynb"):
+        pipeline._execute(pipeline.notebooks_dir() / "controller.ipynb", tmp_path / "c.ipynb",
+                          dict(traces_dir=str(tmp_path / "missing")), progress_env=False)
+    assert (tmp_path / "c.failed.ipynb").exists() and not (tmp_path / "c.ipynb").exists()
