@@ -340,10 +340,11 @@ class DLFPSchedulerMixin:
             self._dlfp_rows.append(json.dumps(out))
 
     def _dlfp_flush(self) -> None:
-        if self._dlfp_file is not None and self._dlfp_rows:
-            self._dlfp_file.write("\n".join(self._dlfp_rows) + "\n")
+        # Take the rows first: a shutdown that interrupts the write must not leave them to be written twice.
+        rows, self._dlfp_rows = self._dlfp_rows, []
+        if self._dlfp_file is not None and rows:
+            self._dlfp_file.write("\n".join(rows) + "\n")
             self._dlfp_file.flush()
-        self._dlfp_rows.clear()
 
     def shutdown(self) -> None:
         """Write the rows still buffered (the last one without a next call gets host_interval NaN)."""
