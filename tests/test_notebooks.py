@@ -16,16 +16,30 @@ import pandas as pd
 import pytest
 
 from dlfp import pipeline
-from dlfp.traces import find_trials, trial_dir
+from dlfp.traces import Trial, find_trials, load_trial, trial_dir, write_trial
+from dlfp.validate_sim import error_table
 from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
 
 NOTEBOOKS = ("experiment", "figures", "controller")
 
 
+def _read_seconds(path):
+    """A trace Parquet file with its time columns in float seconds (stored as integers labelled "us" or "ns")."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    df = table.to_pandas()
+    for f in table.schema:
+        unit = (f.metadata or {}).get(b"unit")
+        if unit is not None:
+            df[f.name] = df[f.name].astype("float64") / {b"us": 1e6, b"ns": 1e9}[unit]
+    return df
+
+
 def _p99_itl_ms_and_ttft_ms(trial_path):
     """P99 ITL and P99 TTFT (ms) of a trial, from its Parquet files (numpy linear percentile)."""
-    rq = pd.read_parquet(trial_path / "requests.parquet")
-    tk = pd.read_parquet(trial_path / "tokens.parquet")
+    rq = _read_seconds(trial_path / "requests.parquet")
+    tk = _read_seconds(trial_path / "tokens.parquet")
     ids = rq.loc[~rq["warmup"] & rq["finished"], "request_id"]
     tk = tk[tk["request_id"].isin(ids)].sort_values(["request_id", "index"])
     gaps = tk.groupby("request_id")["time_s"].diff().dropna().to_numpy()
@@ -57,6 +71,16 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     write_fake_experiment(traces, "qwen3-8b-r0.10", async_lag=True)
     bad = trial_dir(traces, "sim", "qwen3-8b-r0.10", "dlfp", 803)
     (bad / "metadata.json").write_text("{ truncated")
+    # Section 7 data: an emu twin of the sim experiment whose tokens from index 2 on come 20 ms later.
+    for path in find_trials(traces, backend="sim", experiment=EXP):
+        t = load_trial(path)
+        t.tokens.loc[t.tokens["index"] >= 2, "time_s"] += 0.020
+        write_trial(Trial(t.requests, t.tokens, t.iterations, dict(t.metadata, backend="emu")), traces)
+    # Section 9 data: validate-sim's error table (real = the sim trials, "sim" = their emu twins).
+    real = {(p.parts[-2], int(p.parts[-1][5:])): load_trial(p) for p in find_trials(traces, backend="sim", experiment=EXP)}
+    twin = {k: load_trial(trial_dir(traces, "emu", EXP, *k)) for k in real}
+    (results / "fidelity").mkdir(parents=True)
+    error_table(real, twin).to_csv(results / "fidelity" / "errors.csv", index=False)
     missing_pub = tmp_path / "no-published.csv"  # a missing published.csv is said in the table's place
     nb = pipeline.render_figures(traces, results, published_csv=missing_pub)
     assert nb == results / "figures.ipynb" and _errors(nb) == []
@@ -68,7 +92,8 @@ def test_figures_notebook_from_cached_traces(tmp_path):
         if path == bad:
             continue
         backend, exp, arm, seed = path.parts[-4:]
-        row = head[(head["experiment"] == exp) & (head["arm"] == arm) & (head["seed"] == int(seed[5:]))]
+        row = head[(head["backend"] == backend) & (head["experiment"] == exp) & (head["arm"] == arm)
+                   & (head["seed"] == int(seed[5:]))]
         assert len(row) == 1
         itl, ttft = _p99_itl_ms_and_ttft_ms(path)
         assert row["p99_itl_ms"].iloc[0] == pytest.approx(itl, abs=5e-4)  # written with 3 decimals
@@ -86,7 +111,28 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     for name in ("headline", "headline_per_seed", "root_cause", "arm_points", "problems"):
         assert (results / f"{name}.csv").exists() and (results / f"{name}.md").exists()
 
-    # Byte-for-byte reproduction of the tables is checked in-process in test_tables.py (no second kernel here).
+    # 7. sim vs emu, recomputed from the Parquet files.
+    sve = pd.read_csv(results / "sim_vs_emu.csv")
+    assert list(sve["arm"]) == ["baseline", "dlfp"] and list(sve["seeds"]) == [3, 3]
+    for _, r in sve.iterrows():
+        sim = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "sim", EXP, r["arm"], s))[0] for s in (801, 802, 803)])
+        emu = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "emu", EXP, r["arm"], s))[0] for s in (801, 802, 803)])
+        assert r["p99_itl_ms_sim"] == pytest.approx(sim, abs=5e-4) and r["p99_itl_ms_emu"] == pytest.approx(emu, abs=5e-4)
+        assert r["p99_itl_rel_diff_pct"] == pytest.approx(100 * (sim / emu - 1), abs=0.005)
+        assert r["p99_itl_within_10pct"] == ("yes" if abs(sim / emu - 1) <= 0.10 else "no")
+    # 8. no trial has the dlfps arm: said in the tables' place.
+    assert "NO DATA" in (results / "dlfps_targets.md").read_text()
+    assert "NO DATA" in (results / "dlfps_ablation.md").read_text()
+    # 9. the fidelity table is read from validate-sim's CSV; the missing figures are named in their place.
+    fid = pd.read_csv(results / "fidelity_errors.csv")
+    r = fid[(fid["arm"] == "baseline") & (fid["metric"] == "itl_p99")].iloc[0]
+    real_ms = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "sim", EXP, "baseline", s))[0] for s in (801, 802, 803)])
+    assert r["real_ms"] == pytest.approx(real_ms, abs=5e-4) and r["error_pct"] == pytest.approx(100 * 20 / real_ms, abs=0.005)
+    text = json.dumps([c.get("outputs") for c in nbformat.read(nb, as_version=4).cells])
+    assert "NO DATA: ITL CDFs: real engine vs simulator not found" in text
+    assert "NO DATA: calibration residuals not found" in text
+
+    # Byte-for-byte reproduction of the committed tables is checked in test_results_regression.py.
 
 
 def test_run_all_on_the_simulator(tmp_path):

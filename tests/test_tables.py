@@ -276,3 +276,165 @@ def test_arm_palette_is_stable():
     assert len({p2[a] for a in p2}) == len(p2)  # distinct colours
     # fixed caps: darker orange for the larger cap (sequential ramp)
     assert sum(p2["fixed-1024"]) < sum(p2["fixed-512"])
+
+
+# --------------------------------------------------------------------------- sections 7-9 and the PVR interval
+
+
+def _flag(v):
+    """A tri-state cell (None / bool / numpy bool) as "", "yes" or "no"."""
+    return "" if v is None or v is pd.NA else ("yes" if bool(v) else "no")
+
+
+EMU_EXTRA_S = 0.020  # the fake emu trials' spike is 20 ms longer than the sim ones'
+
+
+def _emu_twin(trial, extra_s=EMU_EXTRA_S):
+    """The fake trial as if run on the emu backend: every token from index 2 on is ``extra_s`` later (longer spike)."""
+    from dlfp.traces import Trial
+
+    tk = trial.tokens.copy()
+    tk.loc[tk["index"] >= 2, "time_s"] += extra_s
+    md = dict(trial.metadata, backend="emu")
+    return Trial(trial.requests.copy(), tk, trial.iterations.copy(), md)
+
+
+@pytest.fixture(scope="module")
+def sim_emu(tmp_path_factory):
+    from dlfp.config import load_experiment
+    from dlfp.traces import write_trial
+    from test_pipeline import SMALL, fake_trial
+
+    root = tmp_path_factory.mktemp("simemu")
+    cfg = load_experiment(EXP, SMALL)
+    for seed in SEEDS:
+        for arm in cfg.arms:
+            write_trial(fake_trial(cfg, arm, seed), root)  # sim: host interval = own device time
+            write_trial(_emu_twin(fake_trial(cfg, arm, seed, async_lag=True)), root)  # emu: = previous one
+    write_fake_experiment(root, "qwen3-8b-r0.10", SEEDS)  # sim only: not in the cross-check
+    return tables.load_traces(root)
+
+
+def test_sim_vs_emu_hand_worked(sim_emu, tmp_path):
+    df = tables.sim_vs_emu(sim_emu)
+    assert list(zip(df["experiment"], df["arm"], df["seeds"])) == [(EXP, "baseline", 3), (EXP, "dlfp", 3)]
+    base, cand = df.iloc[0], df.iloc[1]
+    for r, arm in ((base, "baseline"), (cand, "dlfp")):
+        sim = np.mean([1000 * spike_s(arm, s) for s in SEEDS])
+        emu = sim + 1000 * EMU_EXTRA_S
+        assert (r["p99_itl_ms_sim"], r["p99_itl_ms_emu"]) == (pytest.approx(sim), pytest.approx(emu))
+        assert r["p99_itl_rel_diff_pct"] == pytest.approx(100 * (sim / emu - 1))
+        assert r["p50_itl_ms_sim"] == pytest.approx(10.0) and r["p50_itl_rel_diff_pct"] == pytest.approx(0.0)
+        assert r["p99_ttft_rel_diff_pct"] == pytest.approx(0.0)  # first tokens are not shifted
+    # baseline: 220 vs 240 ms = -8.3 % (met); dlfp: 110 vs 130 ms = -15.4 % (missed)
+    assert _flag(base["p99_itl_within_10pct"]) == "yes" and _flag(cand["p99_itl_within_10pct"]) == "no"
+    assert _flag(base["p99_itl_effect_same_sign"]) == "" and np.isnan(base["p99_itl_change_pct_sim"])
+    emu_changes = [100 * ((spike_s("dlfp", s) + EMU_EXTRA_S) / (spike_s("baseline", s) + EMU_EXTRA_S) - 1)
+                   for s in SEEDS]
+    assert cand["p99_itl_change_pct_sim"] == pytest.approx(-50.0)
+    assert cand["p99_itl_change_pct_emu"] == pytest.approx(np.mean(emu_changes))
+    assert _flag(cand["p99_itl_effect_same_sign"]) == _flag(cand["p99_ttft_effect_same_sign"]) == "yes"
+    # the fake sim is synchronous (host interval = own device time), the fake emu lags by one batch
+    assert cand["r_own_sim"] == pytest.approx(1.0) and cand["r_prev_emu"] == pytest.approx(1.0)
+    assert cand["r_own_emu"] < 0.9 and np.isnan(base["r_own_sim"])
+    tables.write_sim_vs_emu(sim_emu, tmp_path)
+    md = (tmp_path / "sim_vs_emu.md").read_text()
+    assert "| qwen3-0.6b-tp1 | dlfp | 3 |" in md and "MISSED" in md and "NO DATA" not in md
+
+
+def test_sim_vs_emu_without_emu_says_so(ts, tmp_path):
+    assert tables.sim_vs_emu(ts).empty
+    tables.write_sim_vs_emu(ts, tmp_path)
+    assert "NO DATA: no experiment has traces on both" in (tmp_path / "sim_vs_emu.md").read_text()
+
+
+DLFPS_ARMS = {"baseline": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}, "dlfps": {"policy": "dlfps"},
+              "dlfps-no-estimator": {"policy": "dlfps"}}
+
+
+def test_dlfps_targets_and_ablation_from_traces(tmp_path):
+    root = tmp_path / "traces"
+    write_fake_experiment(root, EXP, SEEDS, overrides={**SLO_OVERRIDE, "arms": DLFPS_ARMS})
+    ts3 = tables.load_traces(root)
+    tt = tables.dlfps_targets(ts3)
+    got = {(r.target, r.experiment): r for r in tt.itertuples()}
+    assert set(tt["backend"]) == {"sim"}
+    # every non-baseline fake arm halves the spike: reduction 50 % in every seed
+    assert got[("itl_no_worse", EXP)].reached and got[("itl_no_worse", EXP)].value == pytest.approx(0.5)
+    assert got[("itl_headline", EXP)].reached
+    # SLO (150 ms): the halved spike passes (4 per trial), the baseline's does not (0)
+    r = got[("slo_passes", EXP)]
+    assert r.reached and (r.value, r.threshold) == (4.0, 0.0)
+    # TTFT: dlfps adds the same 20 ms as paper-DLFP, more than half of it: not reached
+    inc = np.mean([(expected_p99_ttft_ms("dlfp", s) - expected_p99_ttft_ms("baseline", s))
+                   / expected_p99_ttft_ms("baseline", s) for s in SEEDS])
+    r = got[("ttft_headline", EXP)]
+    assert not r.reached and r.value == pytest.approx(inc) and r.threshold == pytest.approx(inc / 2)
+    ab = tables.dlfps_ablation(ts3)
+    assert list(ab["arm"]) == ["dlfp", "dlfps", "dlfps-no-estimator"]
+    assert list(ab["p99_itl_change_pct_mean"]) == pytest.approx([-50.0] * 3)
+    assert list(ab["p99_ttft_change_pct_mean"]) == pytest.approx([100 * inc] * 3)
+    assert list(ab["slo_passes"]) == [4.0] * 3 and list(ab["slo_passes_baseline"]) == [0.0] * 3
+    tables.write_dlfps(ts3, tmp_path / "out")
+    assert "| sim | ttft_headline | qwen3-0.6b-tp1 | no |" in (tmp_path / "out" / "dlfps_targets.md").read_text()
+
+
+def test_dlfps_tables_without_the_arm_say_so(ts, tmp_path):
+    tt, ab = tables.write_dlfps(ts, tmp_path)
+    assert tt.empty and ab.empty
+    assert "NO DATA" in (tmp_path / "dlfps_targets.md").read_text()
+
+
+def test_fidelity_tables_read_validate_sims_output(ts, tmp_path):
+    from dlfp.validate_sim import dlfp_effect, error_table
+
+    assert tables.fidelity_errors(tmp_path) is None and tables.fidelity_effect(tmp_path) is None
+    assert tables.write_fidelity(tmp_path, tmp_path / "out") == (None, None)
+    real = {(lt.arm, lt.seed): lt.trial for lt in ts.select("sim", EXP)}
+    sim = {k: _emu_twin(t, 0.030) for k, t in real.items()}  # spike + 30 ms
+    error_table(real, sim).to_csv(tmp_path / "errors.csv", index=False)  # as `dlfp validate-sim` writes them
+    dlfp_effect(real, sim).to_csv(tmp_path / "dlfp_effect.csv", index=False)
+    err, eff = tables.write_fidelity(tmp_path, tmp_path / "out")
+    r = err[(err["arm"] == "baseline") & (err["metric"] == "itl_p99")].iloc[0]
+    real_ms = np.mean([1000 * spike_s("baseline", s) for s in SEEDS])
+    assert r["real_ms"] == pytest.approx(real_ms) and r["sim_ms"] == pytest.approx(real_ms + 30)
+    assert r["error_pct"] == pytest.approx(100 * 30 / real_ms) and r["target_pct"] == 20 and r["met"]  # 13.6 %
+    r = err[(err["arm"] == "dlfp") & (err["metric"] == "itl_p99")].iloc[0]
+    assert r["error_pct"] == pytest.approx(100 * 30 / 110) and not r["met"]  # 27.3 % > 20 %
+    r = err[(err["arm"] == "dlfp") & (err["metric"] == "itl_p50")].iloc[0]
+    assert r["error_pct"] == pytest.approx(0.0) and r["met"]
+    assert len(err) == 2 * 5
+    m = eff[eff["seed"] == "801"].iloc[0]
+    assert m["real_change_pct"] == pytest.approx(-50.0) and bool(m["same_sign"])
+    assert m["sim_change_pct"] == pytest.approx(100 * (0.105 + 0.030) / (0.210 + 0.030) - 100)
+    assert (tmp_path / "out" / "fidelity_errors.md").exists() and (tmp_path / "out" / "fidelity_effect.csv").exists()
+
+
+def test_fidelity_images_name_the_missing_ones(tmp_path):
+    (tmp_path / "fid").mkdir()
+    (tmp_path / "fid" / "itl_cdf_overlay.png").write_bytes(b"\x89PNG")
+    got = figures.fidelity_images(tmp_path / "fid", tmp_path / "cal")
+    assert [p for _, p in got] == [tmp_path / "fid" / "itl_cdf_overlay.png", None, None]
+    assert [label for label, _ in got][2] == "calibration residuals"
+
+
+def test_pvr_per_seed_rows_judged_against_the_papers_interval(ts):
+    pub = _published([
+        (EXP, "p99_itl", "change_seed_801", -24.8, "percent", "decrease", ""),
+        (EXP, "p99_itl", "change_ci95_low", -55.0, "percent", "decrease", ""),
+        (EXP, "p99_itl", "change_ci95_high", -45.0, "percent", "decrease", ""),
+        # no published CI here: per-seed values judged against the range of the published seeds
+        ("qwen3-8b-r0.10", "p99_itl", "change_seed_801", -60.0, "percent", "decrease", ""),
+        ("qwen3-8b-r0.10", "p99_itl", "change_seed_802", -40.0, "percent", "decrease", ""),
+        ("qwen3-8b-r0.10", "p99_ttft", "change_seed_801", 10.0, "percent", "increase", ""),
+    ])
+    pvr, _ = tables.published_vs_reproduced(ts, pub)
+    get = lambda e, m, w: pvr[(pvr["experiment"] == e) & (pvr["metric"] == m) & (pvr["arm_or_change"] == w)].iloc[0]  # noqa: E731
+    r = get(EXP, "p99_itl", "change_seed_801")  # -50 % in [-55, -45]
+    assert r["within_interval"] is True and r["paper_interval"] == "[-55.0, -45.0] (95 % CI of the mean)"
+    r = get("qwen3-8b-r0.10", "p99_itl", "change_seed_801")  # -50 % in [-60, -40]
+    assert r["within_interval"] is True and r["paper_interval"] == "[-60.0, -40.0] (range of the published seeds)"
+    r = get("qwen3-8b-r0.10", "p99_ttft", "change_seed_801")  # one published seed: no interval
+    assert r["within_interval"] is None and r["paper_interval"] == ""
+    md = tables.pvr_markdown_frame(pvr)
+    assert set(md["within paper's interval"]) == {"yes", "n/a"}

@@ -457,3 +457,19 @@ def frontier_figure(ts: TraceSet, col_wrap: int = 4):
     shared_legend(fig, axes, ncol=8)
     fig.suptitle("Fixed-cap frontier: P99 ITL vs P99 TTFT per arm (lower left is better)")
     return fig
+
+
+def fidelity_images(fidelity_dir: str | Path, calibration_dir: str | Path | None = None) -> list[tuple[str, Path | None]]:
+    """The simulator-fidelity figures written by ``dlfp validate-sim`` / ``dlfp calibrate``, for display.
+
+    Returns ``(label, path)`` pairs in display order: the ITL CDF overlay and the
+    cap trajectories (``<fidelity_dir>/itl_cdf_overlay.png``, ``cap_trajectories.png``)
+    and, when ``calibration_dir`` is given, the fit residuals
+    (``<calibration_dir>/residuals.png``). ``path`` is ``None`` for a file that
+    does not exist, so the caller can say so in its place. Nothing is re-run.
+    """
+    wanted = [("ITL CDFs: real engine vs simulator", Path(fidelity_dir) / "itl_cdf_overlay.png"),
+              ("DLFP cap trajectories: real engine vs simulator", Path(fidelity_dir) / "cap_trajectories.png")]
+    if calibration_dir is not None:
+        wanted.append(("calibration residuals", Path(calibration_dir) / "residuals.png"))
+    return [(label, p if p.is_file() else None) for label, p in wanted]

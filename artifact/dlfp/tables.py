@@ -484,8 +484,8 @@ PUBLISHED_METRICS = {
     "slo_passes": "slo_passes",
 }
 PVR_COLUMNS = ["backend", "experiment", "metric", "arm_or_change", "unit", "published", "published_direction",
-               "published_qualitative", "reproduced", "reproduced_direction", "agrees", "within_interval", "note",
-               "source_sentence"]
+               "published_qualitative", "reproduced", "reproduced_direction", "agrees", "within_interval",
+               "paper_interval", "note", "source_sentence"]
 
 
 def _direction(x: float, tol: float = 0.0) -> str:
@@ -517,7 +517,7 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, candidate: str) -
     g = s[(s["backend"] == backend) & (s["experiment"] == exp)]
     base = ts.baseline_arm(backend, exp)
     out: dict[str, Any] = dict(reproduced=np.nan, reproduced_direction="", agrees=None, within_interval=None,
-                               note="")
+                               paper_interval="", note="")
     if candidate not in set(g["arm"]) or base not in set(g["arm"]):
         out["note"] = f"no {candidate!r} and {base!r} trials for {exp} on {backend}"
         return out
@@ -585,6 +585,11 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, candidate: str) -
             out["reproduced_direction"] = _direction(out["reproduced"])
             if not len(r):
                 out["note"] = f"no trial of seed {seed}"
+            iv = _paper_interval(ts, pub)
+            if iv is not None and np.isfinite(out["reproduced"]):
+                lo, hi, what = iv
+                out["within_interval"] = bool(lo <= out["reproduced"] <= hi)
+                out["paper_interval"] = f"[{lo:+.1f}, {hi:+.1f}] ({what})"
         elif which in ("change_mean", "change"):
             out["reproduced"] = pc.mean
             out["reproduced_direction"] = _direction(pc.mean)
@@ -592,6 +597,7 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, candidate: str) -
                                                                                            "change_ci95_high")
             if lo is not None and hi is not None:
                 out["within_interval"] = bool(min(lo, hi) <= pc.mean <= max(lo, hi))
+                out["paper_interval"] = f"[{min(lo, hi):+.1f}, {max(lo, hi):+.1f}] (95 % CI of the mean)"
             out["note"] = f"paired mean over {pc.n} seed(s)"
         elif which == "change_ci95_low":
             out["reproduced"] = pc.ci_low
@@ -609,6 +615,24 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, candidate: str) -
     if pdir in ("increase", "decrease") and out["reproduced_direction"]:
         out["agrees"] = out["reproduced_direction"] == pdir
     return out
+
+
+def _paper_interval(ts: TraceSet, pub: pd.Series) -> tuple[float, float, str] | None:
+    """The paper's interval a per-seed change is judged against: the published 95 % CI of the mean change
+    (``change_ci95_low``/``_high`` rows of the same experiment and metric) if there is one, else the range
+    of the published per-seed changes (``change_seed_*`` rows; needs >= 2). ``None`` when neither exists."""
+    lo, hi = _published_value(ts, pub, None, "change_ci95_low"), _published_value(ts, pub, None, "change_ci95_high")
+    if lo is not None and hi is not None:
+        return min(lo, hi), max(lo, hi), "95 % CI of the mean"
+    pubs = getattr(ts, "_published", None)
+    if pubs is None:
+        return None
+    m = pubs[(pubs["experiment"] == pub["experiment"]) & (pubs["metric"] == pub["metric"])
+             & pubs["arm_or_change"].str.startswith("change_seed_")]["value"].to_numpy(float)
+    m = m[np.isfinite(m)]
+    if len(m) < 2:
+        return None
+    return float(m.min()), float(m.max()), "range of the published seeds"
 
 
 def _published_value(ts: TraceSet, pub: pd.Series, metric: str | None, which: str | None = None) -> float | None:
@@ -639,7 +663,11 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
 
     Columns (``PVR_COLUMNS``): ``agrees`` is the direction check (or, for
     rows without a direction, equality of the stated fact); ``within_interval``
-    is set for a mean change whose experiment publishes a 95 % interval.
+    (with the interval used in ``paper_interval``) is set for a mean change
+    whose experiment publishes a 95 % interval, and for a per-seed change
+    against that interval or, without one, against the range of the
+    published per-seed changes; ``None`` (Markdown: "n/a") where the paper
+    gives no interval.
 
     Returns:
         (table, messages): messages name every published experiment without
@@ -669,6 +697,7 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
                         published_qualitative=pub.get("qualitative", ""), source_sentence=pub["source_sentence"])
             if not backend:
                 base.update(reproduced=np.nan, reproduced_direction="", agrees=None, within_interval=None,
+                            paper_interval="",
                             note=f"no traces for {exp}")
             else:
                 base.update(_reproduce_row(ts, backend, pub, candidate_arm))
@@ -716,7 +745,10 @@ def pvr_markdown_frame(pvr: pd.DataFrame) -> pd.DataFrame:
                     "arm or change": r["arm_or_change"], "published": pub,
                     "reproduced": num(r["reproduced"], r["unit"]),
                     "direction agrees": _yes_no(r["agrees"], "yes", "NO"),
-                    "within paper's interval": _yes_no(r["within_interval"], "yes", "no"),
+                    "within paper's interval": _yes_no(r["within_interval"], "yes", "no")
+                    or ("n/a" if isinstance(r["reproduced"], (float, int)) and np.isfinite(r["reproduced"])
+                        else ""),
+                    "paper's interval": r.get("paper_interval", ""),
                     "note": r["note"]})
     return pd.DataFrame(out)
 
@@ -960,3 +992,357 @@ def write_problems(ts: TraceSet, results_dir: str | Path) -> tuple[Path, Path]:
     df = problems_frame(ts)
     notes = [] if len(df) else ["No corrupt or partial trials."]
     return write_table(df, results_dir, "problems", title="Trials not used (corrupt or partial)", notes=notes)
+
+
+# --------------------------------------------------------------------------- sim vs emu (issue 6)
+
+#: Issue 6's target: P99 ITL of the simulator within 10 % of the emulated-device backend.
+SIM_EMU_ITL_TOL = 0.10
+SIM_VS_EMU_COLUMNS = [
+    "experiment", "arm", "seeds",
+    "p50_itl_ms_sim", "p50_itl_ms_emu", "p50_itl_rel_diff_pct",
+    "p99_itl_ms_sim", "p99_itl_ms_emu", "p99_itl_rel_diff_pct", "p99_itl_within_10pct",
+    "p99_ttft_ms_sim", "p99_ttft_ms_emu", "p99_ttft_rel_diff_pct",
+    "p99_itl_change_pct_sim", "p99_itl_change_pct_emu", "p99_itl_effect_same_sign",
+    "p99_ttft_change_pct_sim", "p99_ttft_change_pct_emu", "p99_ttft_effect_same_sign",
+    "r_own_sim", "r_prev_sim", "r_own_emu", "r_prev_emu",
+]
+
+
+def _rel_pct(ref: float, other: float) -> float:
+    """``(other / ref - 1) * 100``; NaN when either is missing or ``ref`` is 0."""
+    if not (np.isfinite(ref) and np.isfinite(other)) or ref == 0:
+        return float("nan")
+    return 100.0 * (other / ref - 1.0)
+
+
+def _same_sign(a: float, b: float) -> bool | None:
+    if not (np.isfinite(a) and np.isfinite(b)):
+        return None
+    return bool(np.sign(a) == np.sign(b))
+
+
+def sim_vs_emu(ts: TraceSet, sim: str = "sim", emu: str = "emu", tol: float = SIM_EMU_ITL_TOL) -> pd.DataFrame:
+    """Simulator against the emulated-device backend (real vLLM loop), per experiment on both, per shared arm.
+
+    Only seeds present in the arm on BOTH backends are used; every value is a
+    mean over those seeds (``seeds`` counts them). ``*_rel_diff_pct`` is the
+    simulator relative to the emulator, ``(sim / emu - 1) * 100`` (the emu
+    runs vLLM's real engine loop, so it is the reference); issue 6's target
+    ``p99_itl_within_10pct`` is ``|p99_itl_rel_diff_pct| <= 100 * tol``.
+    For non-baseline arms, ``p99_{itl,ttft}_change_pct_<backend>`` is the
+    paired change vs the baseline (``paired``: percent, negative = lower)
+    over the same seeds, and ``*_effect_same_sign`` whether both backends
+    give the effect the same sign (``None`` on baseline rows). ``r_own`` /
+    ``r_prev`` are ``root_cause``'s correlations of the host interval with
+    the guarded iteration's own / the previous iteration's device time (NaN
+    for an arm without guarded iterations). Columns ``SIM_VS_EMU_COLUMNS``.
+    """
+    s = ts.summary()
+    rc = root_cause(ts)
+    rows = []
+    exps = sorted({e for b, e in ts.groups() if b == sim} & {e for b, e in ts.groups() if b == emu})
+    for exp in exps:
+        base = ts.baseline_arm(sim, exp)
+        arms = [a for a in ts.arms(sim, exp) if a in set(ts.arms(emu, exp))]
+        for arm in arms:
+            gs = s[(s["backend"] == sim) & (s["experiment"] == exp) & (s["arm"] == arm)].set_index("seed")
+            ge = s[(s["backend"] == emu) & (s["experiment"] == exp) & (s["arm"] == arm)].set_index("seed")
+            seeds = sorted(set(gs.index) & set(ge.index))
+            row: dict[str, Any] = dict(experiment=exp, arm=arm, seeds=len(seeds))
+            for col in ("p50_itl_ms", "p99_itl_ms", "p99_ttft_ms"):
+                vs = float(gs.loc[seeds, col].mean()) if seeds else float("nan")
+                ve = float(ge.loc[seeds, col].mean()) if seeds else float("nan")
+                name = col[: -len("_ms")]
+                row.update({f"{col}_sim": vs, f"{col}_emu": ve, f"{name}_rel_diff_pct": _rel_pct(ve, vs)})
+            d = row["p99_itl_rel_diff_pct"]
+            row["p99_itl_within_10pct"] = None if not np.isfinite(d) else bool(abs(d) <= 100 * tol + 1e-9)
+            for col in ("p99_itl_ms", "p99_ttft_ms"):
+                name = col[: -len("_ms")]
+                ch = {}
+                for backend, g in ((sim, gs), (emu, ge)):
+                    v = float("nan")
+                    if arm != base:
+                        b = s[(s["backend"] == backend) & (s["experiment"] == exp) & (s["arm"] == base)]
+                        b = b.set_index("seed")[col]
+                        ok = [sd for sd in seeds if sd in b.index and np.isfinite(b[sd]) and b[sd] != 0
+                              and np.isfinite(g.loc[sd, col])]
+                        if ok:
+                            v = -100.0 * stats.paired_change(b.loc[ok].to_numpy(float),
+                                                             g.loc[ok, col].to_numpy(float)).mean
+                    ch[backend] = v
+                row[f"{name}_change_pct_sim"], row[f"{name}_change_pct_emu"] = ch[sim], ch[emu]
+                row[f"{name}_effect_same_sign"] = None if arm == base else _same_sign(ch[sim], ch[emu])
+            for backend, suffix in ((sim, "sim"), (emu, "emu")):
+                r = rc[(rc["backend"] == backend) & (rc["experiment"] == exp) & (rc["arm"] == arm)]
+                row[f"r_own_{suffix}"] = float(r["r_own"].iloc[0]) if len(r) else float("nan")
+                row[f"r_prev_{suffix}"] = float(r["r_prev"].iloc[0]) if len(r) else float("nan")
+            rows.append(row)
+    return pd.DataFrame(rows, columns=SIM_VS_EMU_COLUMNS)
+
+
+def sim_vs_emu_markdown_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A compact view of ``sim_vs_emu`` (strings): sim / emu pairs in one cell each."""
+    def pair(a, b, fmt):
+        return "" if not (np.isfinite(a) or np.isfinite(b)) else f"{fmt(a)} / {fmt(b)}"
+
+    ms = lambda v: "–" if not np.isfinite(v) else f"{v:.1f}"  # noqa: E731
+    pct = lambda v: "–" if not np.isfinite(v) else f"{v:+.1f} %"  # noqa: E731
+    r2 = lambda v: "–" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    out = []
+    for _, r in df.iterrows():
+        out.append({
+            "experiment": r["experiment"], "arm": r["arm"], "seeds": r["seeds"],
+            "P50 ITL ms sim / emu": pair(r["p50_itl_ms_sim"], r["p50_itl_ms_emu"], ms),
+            "P99 ITL ms sim / emu": pair(r["p99_itl_ms_sim"], r["p99_itl_ms_emu"], ms),
+            "P99 ITL diff": pct(r["p99_itl_rel_diff_pct"]),
+            "within 10 %": _yes_no(r["p99_itl_within_10pct"], "met", "MISSED"),
+            "P99 TTFT ms sim / emu": pair(r["p99_ttft_ms_sim"], r["p99_ttft_ms_emu"], ms),
+            "P99 TTFT diff": pct(r["p99_ttft_rel_diff_pct"]),
+            "ΔP99 ITL sim / emu": pair(r["p99_itl_change_pct_sim"], r["p99_itl_change_pct_emu"], pct),
+            "ITL effect sign agrees": _yes_no(r["p99_itl_effect_same_sign"], "yes", "NO"),
+            "ΔP99 TTFT sim / emu": pair(r["p99_ttft_change_pct_sim"], r["p99_ttft_change_pct_emu"], pct),
+            "TTFT effect sign agrees": _yes_no(r["p99_ttft_effect_same_sign"], "yes", "NO"),
+            "r own / prev, sim": pair(r["r_own_sim"], r["r_prev_sim"], r2),
+            "r own / prev, emu": pair(r["r_own_emu"], r["r_prev_emu"], r2),
+        })
+    return pd.DataFrame(out)
+
+
+def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
+    """Compute ``sim_vs_emu`` and write ``sim_vs_emu.csv``/``.md`` (a note says so when no experiment is on both)."""
+    df = sim_vs_emu(ts)
+    notes = ["diff = simulator relative to the emulated-device backend, (sim / emu - 1); target |P99 ITL diff| "
+             "<= 10 % (issue 6).",
+             "ΔP99 = paired change of the arm vs the baseline (negative = lower), mean over the seeds both "
+             "backends have.",
+             "r own / prev: Pearson r of the host interval with the guarded iteration's own / the previous "
+             "iteration's device time."]
+    if df.empty:
+        notes.insert(0, "NO DATA: no experiment has traces on both the sim and the emu backend.")
+    write_table(df, results_dir, "sim_vs_emu", markdown=sim_vs_emu_markdown_frame(df),
+                title="Simulator vs emulated device (real vLLM engine loop)", notes=notes)
+    return df
+
+
+# --------------------------------------------------------------------------- DLFP-S (issue 8)
+
+DLFPS_ARM = "dlfps"
+
+
+def evaluation_frame(ts: TraceSet, backend: str) -> pd.DataFrame:
+    """The per-trial frame ``dlfp.evaluation`` expects, for one backend (seconds).
+
+    Columns: experiment, arm, seed, itl_p99_s, ttft_p99_s, slo_passes (from
+    ``trial_summaries``; ms converted back to seconds).
+    """
+    s = ts.summary()
+    g = s[s["backend"] == backend]
+    return pd.DataFrame({"experiment": g["experiment"].to_numpy(), "arm": g["arm"].to_numpy(),
+                         "seed": g["seed"].to_numpy(), "itl_p99_s": g["p99_itl_ms"].to_numpy(float) / 1e3,
+                         "ttft_p99_s": g["p99_ttft_ms"].to_numpy(float) / 1e3,
+                         "slo_passes": g["slo_passes"].to_numpy(float)})
+
+
+def _backends_with_arm(ts: TraceSet, arm: str) -> list[str]:
+    return sorted({b for b, e in ts.groups() if arm in set(ts.arms(b, e))})
+
+
+def dlfps_targets(ts: TraceSet, candidate: str = DLFPS_ARM) -> pd.DataFrame:
+    """``dlfp.evaluation.target_table`` per backend whose traces have the ``candidate`` arm.
+
+    Columns: backend, then ``dlfp.evaluation.TARGET_COLUMNS`` (target,
+    experiment, reached, value, threshold, detail): ``value``/``threshold``
+    are fractions for change targets (positive = lower than the baseline;
+    TTFT rows: increases), mean SLO passes for ``slo_passes``, and P99 ITL in
+    seconds for ``frontier``; ``detail`` says it in words.
+    """
+    from . import evaluation
+
+    frames = []
+    for backend in _backends_with_arm(ts, candidate):
+        df = evaluation_frame(ts, backend)
+        df = df[df["experiment"].isin([e for b, e in ts.groups() if b == backend
+                                       and ts.baseline_arm(b, e) == "baseline"])]
+        tt = evaluation.target_table(df, candidate=candidate)
+        frames.append(tt.assign(backend=backend))
+    cols = ["backend"] + list(evaluation.TARGET_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+
+
+def dlfps_ablation(ts: TraceSet, candidate: str = DLFPS_ARM, reference: Sequence[str] = ("dlfp",)) -> pd.DataFrame:
+    """``dlfp.evaluation.ablation_table`` per backend, over ``reference`` arms, ``candidate`` and its ablations.
+
+    Ablation arms are those named ``<candidate>-<part switched off>`` (e.g.
+    ``dlfps-no-estimator``). Columns: backend, experiment, arm,
+    p99_itl_change_pct_mean, p99_itl_change_pct_ci_low,
+    p99_itl_change_pct_ci_high, p99_ttft_change_pct_mean (percent, this
+    module's sign: negative = lower than the baseline), slo_passes,
+    slo_passes_baseline (means over seeds).
+    """
+    from . import evaluation
+
+    cols = ["backend", "experiment", "arm", "p99_itl_change_pct_mean", "p99_itl_change_pct_ci_low",
+            "p99_itl_change_pct_ci_high", "p99_ttft_change_pct_mean", "slo_passes", "slo_passes_baseline"]
+    frames = []
+    for backend in _backends_with_arm(ts, candidate):
+        present = set().union(*(set(ts.arms(b, e)) for b, e in ts.groups() if b == backend))
+        arms = [a for a in reference if a in present] + [candidate] + sorted(
+            a for a in present if a.startswith(candidate + "-"))
+        df = evaluation_frame(ts, backend)
+        ab = evaluation.ablation_table(df, arms)
+        frames.append(pd.DataFrame({
+            "backend": backend, "experiment": ab["experiment"], "arm": ab["arm"],
+            # "+ 0.0" turns -0.0 (an arm identical to the baseline) into 0.0, so tables never print "-0.00".
+            "p99_itl_change_pct_mean": -100 * ab["itl_reduction"] + 0.0,
+            "p99_itl_change_pct_ci_low": -100 * ab["itl_ci_high"] + 0.0,
+            "p99_itl_change_pct_ci_high": -100 * ab["itl_ci_low"] + 0.0,
+            "p99_ttft_change_pct_mean": 100 * ab["ttft_increase"] + 0.0,
+            "slo_passes": ab["slo_passes"], "slo_passes_baseline": ab["slo_passes_baseline"]}))
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(frames, ignore_index=True)[cols]
+    return out.sort_values(["backend", "experiment"], kind="stable").reset_index(drop=True)
+
+
+def write_dlfps(ts: TraceSet, results_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Write ``dlfps_targets.csv``/``.md`` and ``dlfps_ablation.csv``/``.md``; a note says so when no trial has the arm."""
+    tt, ab = dlfps_targets(ts), dlfps_ablation(ts)
+    none = [] if len(tt) else [f"NO DATA: no traces have the {DLFPS_ARM!r} arm."]
+    tmd = tt[["backend", "target", "experiment", "reached", "detail"]] if len(tt) else tt
+    write_table(tt, results_dir, "dlfps_targets", markdown=tmd,
+                title="DLFP-S against the issue-8 targets (what is reached, not what was hoped)",
+                notes=none + ["value/threshold: change fractions with positive = lower than the baseline (TTFT "
+                              "rows: increase); mean SLO passes; frontier rows: P99 ITL in seconds."])
+    write_table(ab, results_dir, "dlfps_ablation", title="DLFP-S ablation: paired change vs the baseline",
+                notes=none + ["ΔP99 in percent, negative = lower than the baseline; 95 % paired t-interval over "
+                              "seeds; SLO passes are means per trial."])
+    return tt, ab
+
+
+# --------------------------------------------------------------------------- simulator fidelity (issue 9)
+
+FIDELITY_COLUMNS = ["arm", "metric", "real_ms", "sim_ms", "error_pct", "target_pct", "met"]
+
+
+def fidelity_errors(fidelity_dir: str | Path) -> pd.DataFrame | None:
+    """The seed-mean error table that ``dlfp validate-sim`` wrote (``<fidelity_dir>/errors.csv``), in long form.
+
+    Columns ``FIDELITY_COLUMNS``: one row per (arm, metric of
+    ``dlfp.validate_sim.METRICS``) with real and simulated values (ms), the
+    relative error ``sim / real - 1`` (percent), the target (percent) and
+    whether it is met. ``None`` when the file does not exist (validate-sim
+    has not run). Never runs an engine.
+
+    Raises:
+        ValueError: the file lacks a column validate-sim writes (named).
+    """
+    from .validate_sim import METRICS
+
+    p = Path(fidelity_dir) / "errors.csv"
+    if not p.exists():
+        return None
+    err = pd.read_csv(p, dtype={"seed": str, "arm": str})
+    rows = []
+    for _, r in err[err["seed"] == "mean"].iterrows():
+        for m, (_, target) in METRICS.items():
+            need = [f"{m}_real_s", f"{m}_sim_s", f"{m}_err"]
+            missing = [c for c in need if c not in err.columns]
+            if missing:
+                raise ValueError(f"{p}: missing column(s) {missing}")
+            e = float(r[f"{m}_err"])
+            rows.append(dict(arm=r["arm"], metric=m, real_ms=1e3 * float(r[f"{m}_real_s"]),
+                             sim_ms=1e3 * float(r[f"{m}_sim_s"]), error_pct=100 * e, target_pct=100 * target,
+                             met=bool(abs(e) <= target) if np.isfinite(e) else False))
+    return pd.DataFrame(rows, columns=FIDELITY_COLUMNS)
+
+
+def fidelity_effect(fidelity_dir: str | Path) -> pd.DataFrame | None:
+    """``<fidelity_dir>/dlfp_effect.csv`` (validate-sim) with changes in percent; ``None`` when absent.
+
+    Columns: seed, real_change_pct, sim_change_pct (``dlfp / baseline - 1`` of
+    P99 ITL, percent), same_sign.
+    """
+    p = Path(fidelity_dir) / "dlfp_effect.csv"
+    if not p.exists():
+        return None
+    e = pd.read_csv(p, dtype={"seed": str})
+    return pd.DataFrame({"seed": e["seed"], "real_change_pct": 100 * e["real_change"].astype(float),
+                         "sim_change_pct": 100 * e["sim_change"].astype(float),
+                         "same_sign": e["same_sign"].astype(str).str.lower() == "true"})
+
+
+def write_fidelity(fidelity_dir: str | Path, results_dir: str | Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """Write ``fidelity_errors.csv``/``.md`` and ``fidelity_effect.csv``/``.md`` from validate-sim's output.
+
+    When ``fidelity_dir`` holds no ``errors.csv`` nothing is written and
+    ``(None, None)`` is returned (the caller shows a placeholder).
+    """
+    err, eff = fidelity_errors(fidelity_dir), fidelity_effect(fidelity_dir)
+    if err is not None:
+        write_table(err, results_dir, "fidelity_errors", title="Simulator vs real vLLM engine (CPU): relative error",
+                    notes=["error = sim / real - 1 of the seed mean; targets from issue 9 (10 % P50, 20 % P99)."])
+    if eff is not None:
+        write_table(eff, results_dir, "fidelity_effect", title="DLFP effect on P99 ITL: real engine vs simulator")
+    return err, eff
+
+
+# --------------------------------------------------------------------------- every table, as figures.ipynb writes it
+
+
+def write_headline(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
+    """Write ``headline_per_seed`` and ``headline`` (CSV + Markdown); returns the aggregated table."""
+    tables_per_seed = headline_per_seed(ts)
+    head = headline(ts)
+    write_table(tables_per_seed, results_dir, "headline_per_seed", title="Headline numbers per seed")
+    write_table(head, results_dir, "headline", markdown=headline_markdown_frame(head),
+                title="Headline: paired change vs the baseline arm (negative = lower)")
+    return head
+
+
+def write_published_vs_reproduced(ts: TraceSet, results_dir: str | Path,
+                                  published_csv: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """Write ``published_vs_reproduced`` (CSV + Markdown); a missing/invalid published.csv is said in its place."""
+    try:
+        pvr, messages = published_vs_reproduced(ts, published_csv)
+    except (FileNotFoundError, ValueError) as e:
+        pvr, messages = empty_pvr(), [f"published numbers unavailable: {e}"]
+    write_table(pvr, results_dir, "published_vs_reproduced", markdown=pvr_markdown_frame(pvr),
+                title="Published vs reproduced", notes=messages)
+    return pvr, messages
+
+
+def write_root_cause(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
+    """Write ``root_cause`` (CSV + Markdown)."""
+    rc = root_cause(ts)
+    write_table(rc, results_dir, "root_cause", title="Host interval vs device time (guarded iterations)")
+    return rc
+
+
+def write_arm_points(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
+    """Write ``arm_points`` (CSV + Markdown)."""
+    pts = arm_points(ts)
+    write_table(pts, results_dir, "arm_points", title="P99 ITL and TTFT per arm (mean, 95 % interval)")
+    return pts
+
+
+def write_tables(ts: TraceSet, results_dir: str | Path, published_csv: str | Path,
+                 fidelity_dir: str | Path | None = None) -> list[str]:
+    """Every table ``figures.ipynb`` writes, by the same functions, without figures (for the regression test).
+
+    ``fidelity_dir`` defaults to ``<results_dir>/fidelity``. Returns the
+    names of the tables written (``<name>.csv`` and ``<name>.md`` each).
+    """
+    results_dir = Path(results_dir)
+    write_problems(ts, results_dir)
+    write_headline(ts, results_dir)
+    write_published_vs_reproduced(ts, results_dir, published_csv)
+    write_root_cause(ts, results_dir)
+    write_arm_points(ts, results_dir)
+    write_sim_vs_emu(ts, results_dir)
+    write_dlfps(ts, results_dir)
+    names = ["problems", "headline_per_seed", "headline", "published_vs_reproduced", "root_cause", "arm_points",
+             "sim_vs_emu", "dlfps_targets", "dlfps_ablation"]
+    err, eff = write_fidelity(fidelity_dir if fidelity_dir is not None else results_dir / "fidelity", results_dir)
+    names += (["fidelity_errors"] if err is not None else []) + (["fidelity_effect"] if eff is not None else [])
+    return names
