@@ -107,3 +107,110 @@ def test_shipped_experiments_validate():
     for name in list_experiments():
         cfg = load_experiment(name)
         assert isinstance(cfg, ExperimentConfig) and cfg.name == name
+
+
+# --------------------------------------------------------------------------- robustness (hostile input)
+
+PLAIN = "must be a plain name ([A-Za-z0-9._-], no '/' or '..')"
+
+
+@pytest.mark.parametrize("name", ["../../escape", "", "a/b", "a..b", ".hidden", "-dash"])
+def test_experiment_name_must_be_a_plain_name(tmp_path, name):
+    data = {**copy.deepcopy(BASE), "name": name}
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(write(tmp_path, data))
+    assert str(ei.value) == f"{tmp_path / 'toy.yaml'}: field name: {name!r} {PLAIN}"
+
+
+def test_override_name_and_arm_names_must_be_plain(tmp_path):
+    cfg = load_experiment(write(tmp_path, BASE))
+    with pytest.raises(ConfigError, match=r"field name: '\.\./\.\./evil2' must be a plain name"):
+        cfg.with_overrides({"name": "../../evil2"})
+    data = copy.deepcopy(BASE)
+    data["arms"]["x/../../y"] = {"policy": "nocap"}
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(write(tmp_path, data))
+    assert str(ei.value).endswith(f"field arms: 'x/../../y' {PLAIN}")
+    # names the shipped configs use are plain
+    ok = {**copy.deepcopy(BASE), "name": "qwen3-0.6b-tp1_x"}
+    ok["arms"]["fixed-1024"] = {"policy": "fixed", "cap": 1024}
+    assert set(load_experiment(write(tmp_path, ok)).arms) == {"baseline", "dlfp", "fixed-1024"}
+
+
+@pytest.mark.parametrize("where,key,value", [
+    ("workload", "prompt_scale", float("inf")),
+    ("workload", "prompt_scale", float("nan")),
+    ("workload", "rate", float("nan")),
+    ("slo", "itl_s", float("inf")),
+    ("slo", "ttft_s", float("nan")),
+    ("arms.dlfp", "target_s", float("inf")),
+    ("arms.dlfp", "gain", float("nan")),
+    (None, "gpu_memory_utilization", float("nan")),
+])
+def test_float_fields_must_be_finite(tmp_path, where, key, value):
+    data = copy.deepcopy(BASE)
+    node = data
+    for part in (where.split(".") if where else []):
+        node = node[part]
+    node[key] = value
+    loc = f"{where}.{key}" if where else key
+    with pytest.raises(ConfigError, match=rf"field {loc}: Input should be a finite number"):
+        load_experiment(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("where,key", [("workload", "num_requests"), ("arms.dlfp", "quantum"),
+                                       ("slo", "ttft_s"), (None, "max_num_seqs")])
+def test_booleans_are_not_numbers(tmp_path, where, key):
+    data = copy.deepcopy(BASE)
+    node = data
+    for part in (where.split(".") if where else []):
+        node = node[part]
+    node[key] = True
+    loc = f"{where}.{key}" if where else key
+    with pytest.raises(ConfigError, match=rf"field {loc}: expected a number, got the boolean True"):
+        load_experiment(write(tmp_path, data))
+
+
+def test_seeds_must_be_non_negative(tmp_path):
+    with pytest.raises(ConfigError, match=r"field seeds\.1: Input should be greater than or equal to 0"):
+        load_experiment(write(tmp_path, {**copy.deepcopy(BASE), "seeds": [801, -5]}))
+    with pytest.raises(ConfigError, match=r"field seeds\.0: expected a number, got the boolean True"):
+        load_experiment(write(tmp_path, {**copy.deepcopy(BASE), "seeds": [True]}))
+
+
+def test_longest_request_must_fit_max_model_len(tmp_path):
+    data = {**copy.deepcopy(BASE), "max_model_len": 4096}
+    data["workload"]["max_prompt_tokens"] = 4000  # 4000 + 128 output tokens = 4128 > 4096
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(write(tmp_path, data))
+    assert str(ei.value) == (f"{tmp_path / 'toy.yaml'}: field max_model_len: 4096 is shorter than the longest "
+                             "request: workload.max_prompt_tokens (4000 after clipping) + workload.output_tokens "
+                             "(128) = 4128")
+    data["workload"]["max_prompt_tokens"] = 3968  # exactly fits: 3968 + 128 = 4096
+    assert load_experiment(write(tmp_path, data)).max_model_len == 4096
+    # fixed prompts: the fixed length (after clipping) is what must fit, not max_prompt_tokens
+    data["workload"] = {"kind": "fixed", "rate": 1.0, "num_requests": 3, "prompt_tokens": 1000,
+                        "max_prompt_tokens": 32768}
+    assert load_experiment(write(tmp_path, data)).workload.longest_prompt() == 1000
+
+
+def test_engine_shape_limits(tmp_path):
+    with pytest.raises(ConfigError, match=r"field block_size: Input should be a multiple of 16"):
+        load_experiment(write(tmp_path, {**copy.deepcopy(BASE), "block_size": 24}))
+    with pytest.raises(ConfigError, match=r"field max_num_batched_tokens: Input should be greater than or equal to 16"):
+        load_experiment(write(tmp_path, {**copy.deepcopy(BASE), "max_num_batched_tokens": 8}))
+
+
+def test_cap_only_with_fixed_policy(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["arms"]["dlfp"] = {"policy": "dlfp", "cap": 100}
+    with pytest.raises(ConfigError, match=r"field arms\.dlfp: cap is only used when policy=fixed \(policy=dlfp\)"):
+        load_experiment(write(tmp_path, data))
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    d = tmp_path / "dir.yaml"
+    d.mkdir()
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(d)
+    assert str(ei.value) == f"experiment config {d} is a directory, not a YAML file"

@@ -378,3 +378,72 @@ def test_cli_delegates_calibrate_and_validate_sim(monkeypatch, capsys):
     monkeypatch.setitem(cli._DELEGATED, "calibrate", ("stats", "no_such_function"))
     assert main(["calibrate"]) == 2
     assert "not available" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+def test_seeds_must_be_non_negative_and_extra_seeds_are_noted(tmp_path, monkeypatch, capsys):
+    calls: list = []
+    install_fake_backend(monkeypatch, calls)
+    with pytest.raises(pipeline.PipelineError) as ei:
+        pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801, -1], overrides=SMALL, progress=False)
+    assert str(ei.value) == f"seeds [-1] of experiment '{EXP}': seeds are non-negative integers"
+    assert calls == [] and not (tmp_path / "sim").exists()
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[999], overrides=SMALL, progress=False)
+    assert [o.seed for o in run.outcomes] == [999, 999]
+    err = capsys.readouterr().err
+    assert f"dlfp: note: seed(s) 999 are not among {EXP}'s paired seeds 801, 802, 803" in err
+
+
+def test_out_dir_that_is_a_file_is_rejected_before_running(tmp_path, monkeypatch):
+    calls: list = []
+    install_fake_backend(monkeypatch, calls)
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(pipeline.PipelineError) as ei:
+        pipeline.run_experiment(EXP, out_dir=f, overrides=SMALL, progress=False)
+    assert str(ei.value) == f"traces directory (--out) {f} is not a directory"
+    with pytest.raises(pipeline.PipelineError) as ei:
+        pipeline.run_experiment(EXP, out_dir=f / "sub", overrides=SMALL, progress=False)
+    assert str(ei.value) == f"traces directory (--out) {f / 'sub'} is not a directory ({f} is a file)"
+    assert calls == [] and f.read_text() == "x"
+
+
+class _InterruptingBar:
+    """A progress bar whose first update is a Ctrl-C (after the first trial finished and was written)."""
+
+    def update(self, n):
+        raise KeyboardInterrupt
+
+    def set_postfix_str(self, s):
+        pass
+
+
+def test_ctrl_c_stops_parallel_trials_and_keeps_completed_ones(tmp_path):
+    import multiprocessing as mp
+
+    cfg = load_experiment("cpu-tiny", {"workload.num_requests": 30, "workload.num_warmup": 0,
+                                       "backend_options.frontier_caps": []})
+    todo = [(seed, arm, trial_dir(tmp_path, "sim", cfg.name, arm, seed), "missing", "")
+            for seed in (801, 802, 803, 804, 805) for arm in ("baseline", "dlfp")]
+    run = pipeline.ExperimentRun(config=cfg, backend="sim", traces_dir=tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline._run_parallel(cfg, "sim", tmp_path, todo, 1, run, _InterruptingBar())
+    assert mp.active_children() == []  # the worker was terminated and reaped, not left running
+    done = find_trials(tmp_path)
+    assert 1 <= len(done) <= 3  # the finished trial, plus at most the one running and the one queued
+    assert all(is_complete(d) for d in done)
+    # one worker holds at most 1 running + 1 queued trial: the last 7 of the 10 were cancelled, never run
+    assert not any(trial_dir(tmp_path, "sim", cfg.name, arm, seed).exists()
+                   for seed, arm, *_ in todo[3:])
+
+
+def test_config_object_too_long_for_max_model_len_is_rejected_before_running(tmp_path, monkeypatch):
+    calls: list = []
+    install_fake_backend(monkeypatch, calls)
+    cfg = load_experiment(EXP, SMALL).model_copy(update={"max_model_len": 1000})  # bypasses validation
+    with pytest.raises(ConfigError, match=r"field max_model_len: 1000 is shorter than the longest request: "
+                                          r"workload\.max_prompt_tokens \(40832 after clipping\)"):
+        pipeline.run_experiment(cfg, out_dir=tmp_path, progress=False)
+    assert calls == [] and not tmp_path.joinpath("sim").exists()

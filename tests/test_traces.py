@@ -251,3 +251,33 @@ def test_time_unit_is_labelled_and_honoured(tmp_path):
     pq.write_table(t_bad, d / "tokens.parquet")
     with pytest.raises(TraceError, match=r"tokens.parquet: field time_s has unknown time unit"):
         load_trial(d)
+
+
+def test_serial_device_end_times_must_not_decrease(tmp_path):
+    t = make_trial()
+    t.iterations.loc[2, "device_end_s"] = 1.1  # ends before iteration 1 (1.2 s) on the one modelled device
+    with pytest.raises(TraceError) as ei:
+        write_trial(t, tmp_path)
+    assert str(ei.value) == "(in memory)/iterations.parquet: field device_end_s is not monotonic (decreases after row 1)"
+    t.iterations.loc[1, "device_end_s"] = np.nan  # unknown end: skipped, 0.01 <= 1.1 holds
+    assert write_trial(t, tmp_path).name == "seed-801"
+    real = make_trial(seed=802)
+    real.metadata["backend"] = "vllm"  # a real engine may overlap batches: not checked
+    real.iterations.loc[2, "device_end_s"] = 1.1
+    assert load_trial(write_trial(real, tmp_path)).iterations["device_end_s"].tolist() == [0.01, 1.2, 1.1]
+
+
+def test_write_removes_stale_temporaries_of_the_same_trial(tmp_path):
+    import os
+
+    dest = trial_dir(tmp_path, "sim", "toy", "dlfp", 801)
+    dest.parent.mkdir(parents=True)
+    stale = dest.parent / ".seed-801.tmp-crashed"
+    stale.mkdir()
+    (stale / "requests.parquet").write_bytes(b"partial")
+    os.utime(stale, (1_000_000_000, 1_000_000_000))  # 2001: older than this write
+    other = dest.parent / ".seed-802.tmp-crashed"  # another trial's temporary is left alone
+    other.mkdir()
+    os.utime(other, (1_000_000_000, 1_000_000_000))
+    write_trial(make_trial(), tmp_path)
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".seed-802.tmp-crashed", "seed-801"]

@@ -163,7 +163,7 @@ def test_settings_sources_and_one_line_errors(monkeypatch):
         ({"dlfp": {"policy": "dlfp", "initial_cap": 100}}, "initial_cap"),
         ({"dlfp": {"policy": "fixed"}}, "cap is required"),
         ({"dlfp": {"policy": "dlfp", "tagret_s": 0.1}}, "tagret_s"),
-        ({"dlfp": [1, 2]}, "expected a JSON object"),
+        ({"dlfp": [1, 2]}, "must be a JSON object"),
     ]
     for cfg, needle in bad:
         with pytest.raises(DLFPConfigError) as ei:
@@ -172,3 +172,22 @@ def test_settings_sources_and_one_line_errors(monkeypatch):
         assert needle in msg and "\n" not in msg
     with pytest.raises(DLFPConfigError, match="not valid JSON"):
         parse_settings(None, environ={"DLFP_POLICY_JSON": "{nope"})
+
+
+def test_settings_reject_null_wrong_types_and_unused_cap():
+    cases = [
+        ({"dlfp": {"log_path": 5}}, {}, "DLFP settings (additional_config['dlfp']): field log_path: must be a "
+                                        "string (a file path), got int 5"),
+        ({"dlfp": {"policy": "dlfp", "cap": 100}}, {}, "DLFP settings (additional_config['dlfp']): field (top level): "
+                                                       "cap is only used when policy=fixed (policy=dlfp); remove it"),
+        ({"dlfp": None}, {}, "DLFP settings (additional_config['dlfp']): must be a JSON object, got null"),
+        (None, {"DLFP_POLICY_JSON": "null"}, "DLFP settings (DLFP_POLICY_JSON): must be a JSON object, got null"),
+        ({"dlfp": {"policy": "dlfp", "quantum": True}}, {},
+         "DLFP settings (additional_config['dlfp']): field quantum: expected a number, got the boolean True"),
+        ({"dlfp": {"policy": "dlfp", "target_s": float("inf")}}, {},
+         "DLFP settings (additional_config['dlfp']): field target_s: Input should be a finite number"),
+    ]
+    for cfg, env, msg in cases:
+        with pytest.raises(DLFPConfigError) as ei:
+            parse_settings(cfg, environ=env)
+        assert str(ei.value) == msg

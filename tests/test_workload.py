@@ -316,3 +316,84 @@ def test_real_mooncake_replay_from_repo_relative_path():
     keep = nonmatching_rows(rows)
     assert len(keep) == 7373  # every row shares hash id 0; ignoring it, 7,373 of 12,031 rows are nonmatching
     assert [r.prompt_tokens for r in inst.requests] == [min(rows[i].input_length, 40832) for i in keep[:105]]
+
+
+# --------------------------------------------------------------------------- robustness (hostile trace files)
+
+
+def _mc(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_trace_path_that_is_a_directory_or_binary(tmp_path):
+    d = tmp_path / "dir.jsonl"
+    d.mkdir()
+    with pytest.raises(WorkloadError) as ei:
+        make_workload(trace_wl(d, 1), 1)
+    assert str(ei.value) == f"workload.trace.path: trace file {d} is a directory"
+    b = tmp_path / "bin.jsonl"
+    b.write_bytes(b'{"timestamp": 0, "input_length": 5, "output_length": 1}\n\xff\xfe\x00\x81garbage\n')
+    with pytest.raises(WorkloadError) as ei:
+        load_trace(b, "mooncake")
+    assert str(ei.value) == f"trace file {b} line 2: not UTF-8 text (a binary file?)"
+
+
+def test_non_finite_timestamp_is_rejected_naming_line_and_field(tmp_path):
+    p = tmp_path / "nan.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+                 '{"timestamp": NaN, "input_length": 5, "output_length": 1}\n')
+    with pytest.raises(WorkloadError) as ei:
+        load_trace(p, "mooncake")
+    assert str(ei.value) == f"trace file {p} line 2: field timestamp is not a finite time"
+    q = _mc(tmp_path / "inf.jsonl", [{"timestamp": float("inf"), "input_length": 5, "output_length": 1}])
+    with pytest.raises(WorkloadError, match="line 1: field timestamp is not a finite time"):
+        load_trace(q, "mooncake")
+
+
+def test_negative_lengths_and_decreasing_times_are_rejected(tmp_path):
+    neg = _mc(tmp_path / "neg.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1},
+                                       {"timestamp": 1, "input_length": -7, "output_length": 1}])
+    with pytest.raises(WorkloadError) as ei:
+        load_trace(neg, "mooncake")
+    assert str(ei.value) == f"trace file {neg} line 2: field input_length is negative (-7)"
+    back = _mc(tmp_path / "back.jsonl", [{"timestamp": 0, "input_length": 5, "output_length": 1},
+                                         {"timestamp": 2000, "input_length": 5, "output_length": 1},
+                                         {"timestamp": 1000, "input_length": 5, "output_length": 1}])
+    with pytest.raises(WorkloadError) as ei:
+        make_workload(trace_wl(back, 3, nonmatching=False), 1)
+    assert str(ei.value) == f"trace file {back} line 3: field timestamp decreases (rows must be in time order)"
+    az = tmp_path / "az.csv"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                  "2023-11-16 18:15:46.68,374,44\n"
+                  "2023-11-16 18:15:45.68,396,109\n")
+    with pytest.raises(WorkloadError) as ei:
+        load_trace(az, "azure")
+    assert str(ei.value) == f"trace file {az} row 2: field TIMESTAMP decreases (rows must be in time order)"
+    az.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,-3,44\n")
+    with pytest.raises(WorkloadError) as ei:
+        load_trace(az, "azure")
+    assert str(ei.value) == f"trace file {az} row 1: field ContextTokens is negative (-3)"
+
+
+def test_empty_trace_start_beyond_file_and_missing_seed_window(tmp_path, mooncake_file):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(WorkloadError, match=r"has only 0 usable requests after start=0"):
+        make_workload(trace_wl(empty, 1), 1)
+    with pytest.raises(WorkloadError, match=r"has only 0 usable requests after start=9"):
+        make_workload(trace_wl(mooncake_file, 1, start=9), 1)
+    with pytest.raises(WorkloadError, match=r"workload.trace.start_by_seed has no entry for seed 3"):
+        make_workload(trace_wl(mooncake_file, 1, start_by_seed={1: 0}), 3)
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
+def test_shared_traces_pass_the_row_checks():
+    """The real traces are in time order with finite times and non-negative lengths (row counts from the files)."""
+    assert len(load_trace(MOONCAKE, "mooncake")) == 12031
+    for name, n in (("azure_llm_2023_code.csv", 8819), ("azure_llm_2023_conv.csv", 19366)):
+        p = MOONCAKE.parent / name
+        if p.exists():
+            rows = load_trace(p, "azure")
+            assert len(rows) == n and all(b.time_s >= a.time_s for a, b in zip(rows, rows[1:]))

@@ -838,6 +838,19 @@ def main_calibrate(argv: Sequence[str] | None = None) -> int:
     except CalibrationError as e:
         print(f"dlfp calibrate: {e}", file=sys.stderr)
         return 2
+    except (KeyError, ValueError, TypeError, IndexError) as e:
+        from .config import ConfigError
+
+        if isinstance(e, ConfigError):
+            print(f"dlfp calibrate: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
+        if not a.refit:
+            raise
+        # garbage in a saved measurements directory (a missing column, an unparsable cell): one line, exit 2
+        detail = (str(e).splitlines() or [""])[0]
+        print(f"dlfp calibrate: --refit {a.refit}: not valid saved measurements "
+              f"(steps.csv, tokens.csv, meta.json): {type(e).__name__}: {detail}", file=sys.stderr)
+        return 2
     fig = residual_figure(steps)
     figpath = Path(a.figure) if a.figure else mdir / "residuals.png"
     figpath.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,8 @@ Usage::
     dlfp figures [--traces DIR] [--out DIR] [--published CSV]
     dlfp calibrate ...      (dlfp.calibrate.main_calibrate; `dlfp calibrate -h`)
     dlfp validate-sim ...   (dlfp.validate_sim.main_validate; `dlfp validate-sim -h`)
+    dlfp sensitivity [--experiments E ...] [--out DIR] [--seeds S ...] [--arms A ...] [--host-scales K ...]
+                     [--no-measured] [--jobs N] [--set KEY=VALUE ...]
 
 ``--backend`` is ``auto`` (default; also ``$DLFP_BACKEND``), ``sim``, ``emu`` or
 ``vllm``: ``auto`` picks ``vllm`` when a GPU and vLLM are present, else ``sim``.
@@ -71,6 +73,17 @@ def _list(p: argparse.ArgumentParser) -> Handler:
 # --------------------------------------------------------------------------- run
 
 
+def seed_arg(text: str) -> int:
+    """argparse type of a seed: a non-negative integer (numpy's ``SeedSequence`` rejects negative ones)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"seed {v} is negative (seeds are non-negative integers)")
+    return v
+
+
 def _backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None,
                    help="auto (default; $DLFP_BACKEND overrides), sim, emu or vllm")
@@ -88,7 +101,7 @@ def _frontier_arg(p: argparse.ArgumentParser) -> None:
 def _run(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("experiment", help="experiment name (see `dlfp list`)")
     _backend_arg(p)
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="subset of seeds (default: the config's)")
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=None, help="subset of seeds (default: the config's)")
     p.add_argument("--arms", nargs="+", default=None, help="subset of arms (default: all)")
     p.add_argument("--out", default=None, help="traces root (default data/traces; data/traces-quick with --quick)")
     p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
@@ -117,7 +130,8 @@ def _run(p: argparse.ArgumentParser) -> Handler:
 def _run_all(p: argparse.ArgumentParser) -> Handler:
     _backend_arg(p)
     p.add_argument("--experiments", nargs="+", default=None, help="subset (default: every experiment for the backend)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="subset of seeds (default: each config's)")
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=None,
+                   help="subset of seeds (default: each config's)")
     p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: at most 20 measured requests per trial, into data/traces-quick and data/results-quick")
@@ -157,6 +171,54 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
         t0 = time.perf_counter()
         nb = pipeline.render_figures(args.traces, args.out, args.published)
         print(f"tables and figures: {nb.parent}  (executed notebook: {nb}; {time.perf_counter() - t0:.1f} s)")
+        return 0
+    return run
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+@command("sensitivity", "sweep the unstated choices (backend_options.sensitivity) and host costs on the simulator")
+def _sensitivity(p: argparse.ArgumentParser) -> Handler:
+    p.add_argument("--experiments", nargs="+", default=None,
+                   help="subset (default: every experiment with backend_options.sensitivity)")
+    p.add_argument("--out", default=None, help="output directory (default data/results/sensitivity)")
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=None, help="seeds (default 801 802 803)")
+    p.add_argument("--arms", nargs="+", default=None, help="candidate arms compared with the baseline "
+                                                             "(default dlfp dlfps, where the config has them)")
+    p.add_argument("--host-scales", type=float, nargs="+", default=None, help="host-cost scales (default 1 3 10)")
+    p.add_argument("--no-measured", action="store_true", help="skip the measured-on-this-CPU host costs")
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default $DLFP_JOBS or the CPU count)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every experiment before its variants (repeatable)")
+
+    def run(args: argparse.Namespace) -> int:
+        import shlex
+
+        from . import pipeline, sensitivity as sens
+
+        out = args.out or str(pipeline.default_results_dir() / "sensitivity")
+        cmd = "dlfp sensitivity" + "".join(
+            f" {flag} " + " ".join(shlex.quote(str(x)) for x in vals)
+            for flag, vals in (("--experiments", args.experiments), ("--seeds", args.seeds), ("--arms", args.arms),
+                               ("--host-scales", args.host_scales)) if vals)
+        cmd += " --no-measured" * args.no_measured + "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+        try:
+            res = sens.run_sweep(args.experiments, out_dir=out, seeds=args.seeds or sens.DEFAULT_SEEDS,
+                                 candidate_arms=args.arms or sens.CANDIDATE_ARMS,
+                                 host_scales=args.host_scales or sens.HOST_SCALES, measured=not args.no_measured,
+                                 overrides=pipeline.parse_overrides(args.overrides), jobs=args.jobs, command=cmd,
+                                 progress=lambda d, n: print(f"\rsensitivity: {d}/{n} runs", end="",
+                                                             file=sys.stderr, flush=True))
+        except sens.SensitivityError as e:
+            _err(str(e))
+            return EXIT_BAD_INPUT
+        print(file=sys.stderr)
+        plan = res["plan"]
+        print(f"sensitivity: {len(plan.variants)} variants, {plan.num_cells} cells, {plan.num_trials} distinct sim "
+              f"runs in {res['seconds']:.1f} s (wall)")
+        for k, path in res["paths"].items():
+            print(f"{k}: {path}")
         return 0
     return run
 
@@ -217,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     from .pipeline import PipelineError
     from .runners import BackendUnavailable
     from .traces import TraceError
+    from .workload import WorkloadError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -225,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_delegated(argv[0], argv[1:])
         args = parser.parse_args(argv)
         return int(args._handler(args) or 0)
-    except (ConfigError, PipelineError, BackendUnavailable, TraceError, FileNotFoundError) as e:
+    except (ConfigError, PipelineError, BackendUnavailable, TraceError, WorkloadError, FileNotFoundError,
+            IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:
         _err(str(e).splitlines()[0] if str(e) else type(e).__name__)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -13,11 +13,13 @@ paper leaves unstated are listed under ``assumptions`` with their reason.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from . import controller as ctl
 
@@ -28,8 +30,34 @@ class ConfigError(ValueError):
     """A config that cannot run; the message names the file and the field."""
 
 
+def _no_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got the boolean {v}")
+    return v
+
+
+#: An int field that rejects booleans (``num_requests: true`` is a typo, not 1).
+Int = Annotated[int, BeforeValidator(_no_bool)]
+#: A float field that rejects booleans; non-finite values are rejected model-wide (``allow_inf_nan=False``).
+Float = Annotated[float, BeforeValidator(_no_bool)]
+
+#: Experiment and arm names become directory names under ``--out``: no path separators, no ``..``.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_plain_name(v: Any) -> str:
+    """``v`` if it is a plain name usable as one directory (``[A-Za-z0-9][A-Za-z0-9._-]*``, no ``..``).
+
+    Raises:
+        ValueError: anything else (``../x``, ``a/b``, ``""``), naming the value.
+    """
+    if not isinstance(v, str) or not _PLAIN_NAME.fullmatch(v) or ".." in v:
+        raise ValueError(f"{v!r} must be a plain name ([A-Za-z0-9._-], no '/' or '..')")
+    return v
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Assumption(_Strict):
@@ -48,9 +76,9 @@ class SLO(_Strict):
     (``itl_quantile`` = 1.0 means the worst gap).
     """
 
-    ttft_s: float = Field(gt=0)
-    itl_s: float = Field(gt=0)
-    itl_quantile: float = Field(default=1.0, gt=0, le=1.0)
+    ttft_s: Float = Field(gt=0)
+    itl_s: Float = Field(gt=0)
+    itl_quantile: Float = Field(default=1.0, gt=0, le=1.0)
 
 
 class TraceReplay(_Strict):
@@ -58,13 +86,13 @@ class TraceReplay(_Strict):
 
     path: str
     format: Literal["mooncake", "azure"]
-    window: int = Field(default=0, ge=0, description="first N usable requests; 0 = all")
-    start: int = Field(default=0, ge=0, description="skip this many rows first")
+    window: Int = Field(default=0, ge=0, description="first N usable requests; 0 = all")
+    start: Int = Field(default=0, ge=0, description="skip this many rows first")
     nonmatching: bool = True
     follow_hash_ids: bool = False
     use_trace_output_lengths: bool = False
-    max_prompt_tokens: int = Field(default=32768, gt=0)
-    start_by_seed: dict[int, int] | None = Field(
+    max_prompt_tokens: Int = Field(default=32768, gt=0)
+    start_by_seed: dict[Annotated[int, Field(ge=0)], Annotated[Int, Field(ge=0)]] | None = Field(
         default=None, description="seed -> start row; paired seeds replay different trace windows")
 
 
@@ -77,23 +105,16 @@ class Workload(_Strict):
     """
 
     kind: Literal["agent", "fixed", "trace"] = "agent"
-    rate: float = Field(gt=0)
-    num_requests: int = Field(gt=0, description="measured requests")
-    num_warmup: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=128, gt=0)
-    prompt_tokens: int | None = Field(default=None, gt=0, description="for kind=fixed")
-    prompt_scale: float = Field(default=1.0, gt=0, description="multiply sampled prompt lengths")
-    min_prompt_tokens: int = Field(default=16, gt=0)
-    max_prompt_tokens: int = Field(default=32768, gt=0)
-    vocab_size: int = Field(default=151936, gt=1000)
+    rate: Float = Field(gt=0)
+    num_requests: Int = Field(gt=0, description="measured requests")
+    num_warmup: Int = Field(default=0, ge=0)
+    output_tokens: Int = Field(default=128, gt=0)
+    prompt_tokens: Int | None = Field(default=None, gt=0, description="for kind=fixed")
+    prompt_scale: Float = Field(default=1.0, gt=0, description="multiply sampled prompt lengths")
+    min_prompt_tokens: Int = Field(default=16, gt=0)
+    max_prompt_tokens: Int = Field(default=32768, gt=0)
+    vocab_size: Int = Field(default=151936, gt=1000)
     trace: TraceReplay | None = None
-
-    @field_validator("rate")
-    @classmethod
-    def _finite_rate(cls, v: float) -> float:
-        if v != v or v in (float("inf"),):
-            raise ValueError("rate must be finite")
-        return v
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "Workload":
@@ -105,25 +126,36 @@ class Workload(_Strict):
             raise ValueError("workload.min_prompt_tokens is larger than max_prompt_tokens")
         return self
 
+    def longest_prompt(self) -> int:
+        """The longest prompt (tokens) this workload can produce after clipping."""
+        hi = self.max_prompt_tokens
+        if self.kind == "fixed" and self.prompt_tokens is not None:
+            hi = max(self.min_prompt_tokens, min(self.prompt_tokens, hi))
+        if self.kind == "trace" and self.trace is not None:
+            hi = min(hi, self.trace.max_prompt_tokens)
+        return hi
+
 
 class PolicyConfig(_Strict):
     """One arm's prefill policy. ``policy`` names the class in ``dlfp.controller``."""
 
     policy: Literal["nocap", "fixed", "dlfp", "dlfps"]
     signal: Literal["host_cadence", "device_completion"] = "host_cadence"
-    cap: int | None = Field(default=None, gt=0, description="for policy=fixed")
-    target_s: float = Field(default=ctl.PAPER_TARGET_S, gt=0)
-    initial_cap: int = ctl.PAPER_INITIAL_CAP
-    min_cap: int = ctl.PAPER_MIN_CAP
-    max_cap: int = ctl.PAPER_MAX_CAP
-    quantum: int = ctl.PAPER_QUANTUM
-    gain: float = Field(default=ctl.PAPER_GAIN, gt=0)
+    cap: Int | None = Field(default=None, gt=0, description="for policy=fixed")
+    target_s: Float = Field(default=ctl.PAPER_TARGET_S, gt=0)
+    initial_cap: Int = ctl.PAPER_INITIAL_CAP
+    min_cap: Int = ctl.PAPER_MIN_CAP
+    max_cap: Int = ctl.PAPER_MAX_CAP
+    quantum: Int = ctl.PAPER_QUANTUM
+    gain: Float = Field(default=ctl.PAPER_GAIN, gt=0)
     options: dict[str, Any] = Field(default_factory=dict, description="extra policy options (dlfps)")
 
     @model_validator(mode="after")
     def _check(self) -> "PolicyConfig":
         if self.policy == "fixed" and self.cap is None:
             raise ValueError("cap is required when policy=fixed")
+        if self.policy != "fixed" and self.cap is not None:
+            raise ValueError(f"cap is only used when policy=fixed (policy={self.policy}); remove it")
         if self.policy in ("dlfp", "dlfps"):
             # Constructing the controller runs its own checks (clamp, quantum).
             build_policy(self)
@@ -137,21 +169,34 @@ class ExperimentConfig(_Strict):
     description: str = ""
     model: str = Field(description="key in dlfp/models/*.yaml, e.g. qwen3-0.6b")
     gpu: str = Field(description="key in dlfp/hardware/*.yaml, e.g. a100-sxm4-80gb")
-    tp: int = Field(default=1, ge=1)
+    tp: Int = Field(default=1, ge=1)
     scheduling: Literal["sync", "async"] = "async"
-    max_num_batched_tokens: int = Field(gt=0)
-    max_num_seqs: int = Field(default=256, gt=0)
-    block_size: int = Field(default=16, gt=0)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int = Field(default=40960, gt=0)
+    max_num_batched_tokens: Int = Field(ge=16, description="vLLM's minimum is one 16-token block")
+    max_num_seqs: Int = Field(default=256, gt=0)
+    block_size: Int = Field(default=16, gt=0, multiple_of=16,
+                            description="vLLM's CUDA and CPU attention backends need a multiple of 16")
+    gpu_memory_utilization: Float = Field(default=0.9, gt=0, le=1)
+    max_model_len: Int = Field(default=40960, gt=0)
     workload: Workload
     slo: SLO
     arms: dict[str, PolicyConfig]
-    seeds: list[int] = Field(default_factory=lambda: [801, 802, 803], min_length=1)
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [801, 802, 803], min_length=1)
     baseline_arm: str = "baseline"
     assumptions: list[Assumption] = Field(default_factory=list)
     backend_options: dict[str, Any] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        return check_plain_name(v)
+
+    @field_validator("arms")
+    @classmethod
+    def _plain_arm_names(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        for k in v:
+            check_plain_name(k)
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
@@ -185,11 +230,37 @@ class ExperimentConfig(_Strict):
 
 def _validate(data: dict, where: str) -> ExperimentConfig:
     try:
-        return ExperimentConfig.model_validate(data)
+        cfg = ExperimentConfig.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise ConfigError(f"{where}: field {loc}: {err['msg']}") from None
+        raise ConfigError(f"{where}: {validation_message(e)}") from None
+    check_runnable(cfg, where)
+    return cfg
+
+
+def check_runnable(cfg: ExperimentConfig, where: str | None = None) -> None:
+    """Checks across fields that every backend needs, run by ``load_experiment``/``with_overrides``
+    (and ``dlfp.pipeline.run_experiment``) before any trial runs.
+
+    The longest request (longest prompt after clipping + ``output_tokens``)
+    must fit ``max_model_len``, else vLLM rejects it mid-run.
+
+    Raises:
+        ConfigError: naming the fields and the numbers.
+    """
+    wl = cfg.workload
+    longest = wl.longest_prompt() + wl.output_tokens
+    if longest > cfg.max_model_len:
+        raise ConfigError(f"{where or f'experiment {cfg.name!r}'}: field max_model_len: {cfg.max_model_len} is "
+                          f"shorter than the longest request: workload.max_prompt_tokens ({wl.longest_prompt()} "
+                          f"after clipping) + workload.output_tokens ({wl.output_tokens}) = {longest}")
+
+
+def validation_message(e: ValidationError) -> str:
+    """One line for pydantic's first error: ``field <dotted.loc>: <message>`` (no "Value error, " prefix)."""
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return f"field {loc}: {msg.splitlines()[0] if msg else msg}"
 
 
 def build_policy(pc: PolicyConfig) -> ctl.Policy:
@@ -239,10 +310,14 @@ def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None =
             )
     if not p.exists():
         raise ConfigError(f"experiment config {p} does not exist")
+    if p.is_dir():
+        raise ConfigError(f"experiment config {p} is a directory, not a YAML file")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {str(e).splitlines()[0]}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"experiment config {p} cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     cfg = _validate(data, str(p))

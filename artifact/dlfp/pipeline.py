@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .config import ConfigError, ExperimentConfig, list_experiments, load_experiment
+from .config import ConfigError, ExperimentConfig, check_runnable, list_experiments, load_experiment
 from .traces import BACKENDS, TraceError, Trial, load_trial, trial_dir, write_trial
 
 #: Environment variable that overrides backend auto-detection (``sim``, ``emu``, ``vllm`` or ``auto``).
@@ -82,6 +82,22 @@ def default_results_dir(quick: bool = False) -> Path:
 def default_published_csv() -> Path:
     """``<root>/data/paper/published.csv``: the paper's numbers, transcribed once."""
     return repo_root() / "data" / "paper" / "published.csv"
+
+
+def check_output_dir(path: Path, what: str) -> Path:
+    """``path`` if it is, or can be created as, a directory; else ``PipelineError`` naming ``what`` and the path.
+
+    Rejects a path that is a regular file, or below one (``mkdir`` would raise
+    ``FileExistsError``/``NotADirectoryError`` later, after work was done).
+    """
+    p = Path(path)
+    for cand in (p, *p.parents):
+        if cand.exists():
+            if not cand.is_dir():
+                where = "" if cand == p else f" ({cand} is a file)"
+                raise PipelineError(f"{what} {p} is not a directory{where}")
+            break
+    return p
 
 
 def notebooks_dir() -> Path:
@@ -362,6 +378,7 @@ def run_experiment(
         cfg = experiment.with_overrides(quick_overrides(experiment) if quick else {}).with_overrides(overrides or {})
     else:
         cfg = load_config(experiment, overrides, quick)
+    check_runnable(cfg)
     if frontier is None:
         frontier = backend == "sim"
     if frontier:
@@ -374,8 +391,16 @@ def run_experiment(
     unknown = [a for a in arm_list if a not in cfg.arms]
     if unknown:
         raise PipelineError(f"experiment {cfg.name!r} has no arm(s) {unknown}; arms: {sorted(cfg.arms)}")
-    seed_list = [int(s) for s in (seeds if seeds else cfg.seeds)]
-    root = Path(out_dir) if out_dir is not None else default_traces_dir(quick)
+    seed_list = list(seeds) if seeds else list(cfg.seeds)
+    bad = [s for s in seed_list if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+    if bad:
+        raise PipelineError(f"seeds {bad} of experiment {cfg.name!r}: seeds are non-negative integers")
+    extra = [s for s in seed_list if s not in cfg.seeds]
+    if extra:
+        _say(f"dlfp: note: seed(s) {', '.join(map(str, extra))} are not among {cfg.name}'s paired seeds "
+             f"{', '.join(map(str, cfg.seeds))}")
+    root = check_output_dir(Path(out_dir) if out_dir is not None else default_traces_dir(quick),
+                            "traces directory (--out)")
     run = ExperimentRun(config=cfg, backend=backend, traces_dir=root)
     plan = [(s, a) for s in seed_list for a in arm_list]
     pfile = _progress_file()
@@ -450,11 +475,18 @@ def _trial_worker(cfg: ExperimentConfig, arm: str, seed: int, backend: str, root
 def _run_parallel(cfg: ExperimentConfig, backend: str, root: Path, todo: list, jobs: int, run: "ExperimentRun",
                   bar) -> None:
     """Run ``todo`` trials on ``jobs`` processes; each worker writes its own trial atomically,
-    so an interruption loses only the trials in flight."""
+    so an interruption loses only the trials in flight.
+
+    On ``KeyboardInterrupt`` (Ctrl-C) pending trials are cancelled, the worker
+    processes are terminated (their half-written temporary directories are
+    never renamed into place) and the interrupt is re-raised; completed trials
+    stay on disk.
+    """
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn"))
+    try:
         futs = {pool.submit(_trial_worker, cfg, arm, seed, backend, str(root)): (seed, arm, path, state, why)
                 for seed, arm, path, state, why in todo}
         for fut in as_completed(futs):
@@ -464,6 +496,21 @@ def _run_parallel(cfg: ExperimentConfig, backend: str, root: Path, todo: list, j
             run.outcomes.append(TrialOutcome(cfg.name, arm, seed, path, status, reason, elapsed))
             bar.set_postfix_str(f"{arm} seed {seed}")
             bar.update(1)
+    except KeyboardInterrupt:
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop_pool(pool) -> None:
+    """Cancel a process pool's pending work and terminate its workers now (do not wait for running trials)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(timeout=10)
 
 
 def _check_trial(trial: Trial, cfg: ExperimentConfig, arm: str, seed: int, backend: str) -> None:
@@ -536,7 +583,10 @@ def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path
         PipelineError: the traces directory does not exist, or the notebook fails.
     """
     traces = Path(traces_dir) if traces_dir is not None else default_traces_dir(quick)
-    results = Path(results_dir) if results_dir is not None else default_results_dir(quick)
+    results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
+                               "results directory (--out)")
+    if traces.exists() and not traces.is_dir():
+        raise PipelineError(f"traces directory {traces} is not a directory")
     if not traces.is_dir():
         raise PipelineError(f"traces directory {traces} does not exist (run `dlfp run-all` first)")
     published = Path(published_csv) if published_csv is not None else default_published_csv()
@@ -563,8 +613,10 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
     names = list(experiments) if experiments else default_matrix(backend)
     for n in names:  # fail fast on a bad name, before any long run
         load_experiment(n)
-    traces = Path(traces_dir) if traces_dir is not None else default_traces_dir(quick)
-    results = Path(results_dir) if results_dir is not None else default_results_dir(quick)
+    traces = check_output_dir(Path(traces_dir) if traces_dir is not None else default_traces_dir(quick),
+                              "traces directory (--traces)")
+    results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
+                               "results directory (--results)")
     executed = []
     for i, name in enumerate(names, 1):
         _say(f"dlfp run-all [{backend}] experiment {i}/{len(names)}: {name}")

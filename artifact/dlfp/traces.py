@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,7 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     if dest.exists() and not overwrite:
         raise TraceError(f"{dest}: trial exists (pass overwrite/--force to replace it)")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         for n, df in frames.items():
@@ -232,7 +234,20 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _remove_stale_temporaries(dest, started)
     return dest
+
+
+def _remove_stale_temporaries(dest: Path, before: float) -> None:
+    """Delete ``.<trial>.tmp-*`` / ``.<trial>.old-*`` siblings of ``dest`` left by a crashed earlier write
+    (last modified before ``before``, a ``time.time()``); a write still in progress elsewhere is newer."""
+    for pat in (f".{dest.name}.tmp-*", f".{dest.name}.old-*"):
+        for stale in dest.parent.glob(pat):
+            try:
+                if stale.is_dir() and stale.stat().st_mtime < before:
+                    shutil.rmtree(stale, ignore_errors=True)
+            except OSError:
+                pass
 
 
 def _json_default(o: Any) -> Any:
@@ -262,7 +277,8 @@ def validate(trial: Trial, where: str = "") -> None:
     Checks: non-negative token counts; arrival times non-decreasing; per
     request, token indices 0..n-1 and times non-decreasing and not before
     arrival; iteration numbers strictly increasing and schedule times
-    non-decreasing; every token's request is in ``requests``.
+    non-decreasing; on the ``sim``/``emu`` backends (one serial device)
+    ``device_end_s`` non-decreasing where finite; every token's request is in ``requests``.
 
     Raises:
         TraceError: naming ``where``, the file and the field.
@@ -303,6 +319,8 @@ def validate(trial: Trial, where: str = "") -> None:
         for c in ("prefill_tokens", "num_decodes", "num_prefills"):
             if (it[c] < 0).any():
                 raise TraceError(f"{f_it}: field {c} has negative values")
+        if trial.metadata.get("backend") in ("sim", "emu"):  # one modelled serial device: batches end in order
+            _check_nondecreasing(it["device_end_s"].to_numpy(dtype=float), f_it, "device_end_s")
 
 
 def load_trial(path: str | Path) -> Trial:

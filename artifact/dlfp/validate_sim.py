@@ -308,19 +308,37 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
     Returns the exit status (0 written, 2 bad input: no real traces, missing profile, fingerprint mismatch).
     """
     ap = argparse.ArgumentParser(prog="dlfp validate-sim", description=__doc__.split("\n")[0])
+    from .traces import BACKENDS
+
+    def backend_arg(text: str) -> str:
+        if text not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; known: {', '.join(BACKENDS)}")
+        return text
+
+    def seeds_arg(text: str) -> list[int]:
+        try:
+            seeds = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        if any(x < 0 for x in seeds):
+            raise argparse.ArgumentTypeError(f"{text!r}: seeds are non-negative integers")
+        return seeds
+
     ap.add_argument("--experiment", default="cpu-tiny")
     ap.add_argument("--traces", default=str(REPO / "data" / "traces"), help="trace root with <backend>/<experiment>/")
-    ap.add_argument("--backend", default="vllm", help="backend of the real traces (default vllm)")
+    ap.add_argument("--backend", default="vllm", type=backend_arg, help="backend of the real traces (default vllm)")
     ap.add_argument("--out", default=str(REPO / "data" / "results" / "fidelity"), help="output directory")
     ap.add_argument("--run-real", action="store_true",
                     help="run missing real trials on the vLLM engine first (needs vllm 0.17.1) and write them")
     ap.add_argument("--gpu", default=None, help="simulate with this hardware key instead of the config's")
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds to use (default: all found / configured)")
+    ap.add_argument("--seeds", default=None, type=seeds_arg,
+                    help="comma-separated seeds to use (default: all found / configured)")
     a = ap.parse_args(list(argv) if argv is not None else None)
-    from .config import ConfigError
+    from .config import ConfigError, load_experiment
 
     try:
-        seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else None
+        load_experiment(a.experiment)  # an unknown experiment is named (with the known ones) before anything runs
+        seeds = a.seeds
         if a.run_real:
             _run_real(a.experiment, a.traces, seeds)
         real = load_real(a.traces, a.experiment, a.backend)

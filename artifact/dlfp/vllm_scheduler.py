@@ -140,21 +140,26 @@ def parse_settings(additional_config: Any = None, environ: dict[str, str] | None
             raw = json.loads(env[ENV_POLICY])
         except json.JSONDecodeError as e:
             raise DLFPConfigError(f"DLFP settings ({source}): not valid JSON: {e}") from None
-    if raw is None:
+    else:
         raw = {"policy": "dlfp"}
-    if not isinstance(raw, dict):
-        raise DLFPConfigError(f"DLFP settings ({source}): expected a JSON object, got {type(raw).__name__}")
+    if not isinstance(raw, dict):  # includes an explicit null: settings were given, so they must be an object
+        raise DLFPConfigError(f"DLFP settings ({source}): must be a JSON object, got "
+                              f"{'null' if raw is None else type(raw).__name__}")
     raw = dict(raw)
-    log_path = raw.pop("log_path", None) or env.get(ENV_LOG) or None
+    log_path = raw.pop("log_path", None)
+    if log_path is not None and not isinstance(log_path, str):
+        raise DLFPConfigError(f"DLFP settings ({source}): field log_path: must be a string (a file path), "
+                              f"got {type(log_path).__name__} {log_path!r}")
+    log_path = log_path or env.get(ENV_LOG) or None
     raw.setdefault("policy", "dlfp")
     from pydantic import ValidationError
+
+    from .config import validation_message
 
     try:
         pc = PolicyConfig.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(policy)"
-        raise DLFPConfigError(f"DLFP settings ({source}): field {loc}: {err['msg']}") from None
+        raise DLFPConfigError(f"DLFP settings ({source}): {validation_message(e)}") from None
     except (ValueError, ImportError) as e:  # controller checks, or a policy module that is missing
         raise DLFPConfigError(f"DLFP settings ({source}): {e}") from None
     return DLFPSettings(policy=pc, log_path=str(log_path) if log_path else None, source=source)

@@ -245,32 +245,56 @@ def resolve_trace_path(path: str | Path) -> Path:
     return (REPO_ROOT / p).resolve()
 
 
+def _check_row(p: Path, where: str, r: TraceRequest, prev_time_s: float | None, ts_field: str,
+               len_fields: tuple[str, str]) -> None:
+    """Reject a trace row the replay cannot use: non-finite or decreasing time, negative lengths."""
+    if not np.isfinite(r.time_s):
+        raise WorkloadError(f"trace file {p} {where}: field {ts_field} is not a finite time")
+    if prev_time_s is not None and r.time_s < prev_time_s:
+        raise WorkloadError(f"trace file {p} {where}: field {ts_field} decreases (rows must be in time order)")
+    for name, v in zip(len_fields, (r.input_length, r.output_length)):
+        if v < 0:
+            raise WorkloadError(f"trace file {p} {where}: field {name} is negative ({v})")
+
+
 @functools.lru_cache(maxsize=8)
 def _read_trace_cached(path: str, fmt: str, mtime_ns: int) -> tuple[TraceRequest, ...]:
     p = Path(path)
     if fmt == "mooncake":
-        rows = []
-        with p.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                    rows.append(TraceRequest(float(d["timestamp"]) / 1000.0, int(d["input_length"]),
-                                             int(d["output_length"]), tuple(int(h) for h in d.get("hash_ids", ()))))
-                except json.JSONDecodeError:
-                    raise WorkloadError(f"trace file {p} line {lineno}: not valid JSON") from None
-                except KeyError as e:
-                    raise WorkloadError(f"trace file {p} line {lineno}: missing field {e.args[0]!r} "
-                                        "(mooncake needs timestamp, input_length, output_length)") from None
-                except (TypeError, ValueError, AttributeError):
-                    raise WorkloadError(f"trace file {p} line {lineno}: a field has a non-numeric value") from None
+        rows: list[TraceRequest] = []
+        try:
+            with p.open("rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise WorkloadError(f"trace file {p} line {lineno}: not UTF-8 text (a binary file?)") from None
+                    if not line.strip():
+                        continue
+                    try:
+                        d = json.loads(line)
+                        r = TraceRequest(float(d["timestamp"]) / 1000.0, int(d["input_length"]),
+                                         int(d["output_length"]), tuple(int(h) for h in d.get("hash_ids", ())))
+                    except json.JSONDecodeError:
+                        raise WorkloadError(f"trace file {p} line {lineno}: not valid JSON") from None
+                    except KeyError as e:
+                        raise WorkloadError(f"trace file {p} line {lineno}: missing field {e.args[0]!r} "
+                                            "(mooncake needs timestamp, input_length, output_length)") from None
+                    except (TypeError, ValueError, AttributeError, OverflowError):
+                        raise WorkloadError(f"trace file {p} line {lineno}: a field has a non-numeric value") from None
+                    _check_row(p, f"line {lineno}", r, rows[-1].time_s if rows else None, "timestamp",
+                               ("input_length", "output_length"))
+                    rows.append(r)
+        except OSError as e:
+            raise WorkloadError(f"trace file {p} cannot be read ({e.strerror or e})") from None
         return tuple(rows)
     if fmt == "azure":
         try:
             df = pd.read_csv(p)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise WorkloadError(f"trace file {p}: not a readable CSV ({str(e).splitlines()[0]})") from None
+        except OSError as e:
+            raise WorkloadError(f"trace file {p} cannot be read ({e.strerror or e})") from None
         need = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
         missing = [c for c in need if c not in df.columns]
         if missing:
@@ -282,7 +306,14 @@ def _read_trace_cached(path: str, fmt: str, mtime_ns: int) -> tuple[TraceRequest
             out = pd.to_numeric(df["GeneratedTokens"], errors="raise").to_numpy(dtype=np.int64)
         except (ValueError, TypeError) as e:
             raise WorkloadError(f"trace file {p}: bad value ({str(e).splitlines()[0]})") from None
-        return tuple(TraceRequest(float(a), int(b), int(c), ()) for a, b, c in zip(t, inp, out))
+        rows = []
+        for i, (a, b, c) in enumerate(zip(t, inp, out)):
+            r = TraceRequest(float(a), int(b), int(c), ())
+            # row i+1 counts data rows (the header is line 1, so row k is line k+1)
+            _check_row(p, f"row {i + 1}", r, rows[-1].time_s if rows else None, "TIMESTAMP",
+                       ("ContextTokens", "GeneratedTokens"))
+            rows.append(r)
+        return tuple(rows)
     raise WorkloadError(f"workload.trace.format: unknown trace format {fmt!r} (mooncake or azure)")
 
 
@@ -297,11 +328,16 @@ def load_trace(path: str | Path, fmt: str) -> tuple[TraceRequest, ...]:
           ``GeneratedTokens`` (Azure LLM inference trace 2023); no prefix ids.
 
     Returns times in seconds on the trace's clock. Cached per (path, mtime).
+    Rows must be in time order with finite times and non-negative lengths.
 
     Raises:
-        WorkloadError: missing file, unknown format, garbled line/column (one line naming file and line).
+        WorkloadError: missing file or a directory, unknown format, garbled
+            line/column, non-UTF-8 text, a non-finite or decreasing timestamp,
+            a negative length (one line naming the file, the line or row and the field).
     """
     p = resolve_trace_path(path)
+    if p.is_dir():
+        raise WorkloadError(f"workload.trace.path: trace file {p} is a directory")
     if not p.is_file():
         raise WorkloadError(f"workload.trace.path: trace file {p} does not exist")
     return _read_trace_cached(str(p), fmt, p.stat().st_mtime_ns)
@@ -368,10 +404,7 @@ def _trace_instance_parts(wl: "Workload", seed: int, tok_rng: np.random.Generato
     if tr.follow_hash_ids and tr.format == "azure":
         raise WorkloadError("workload.trace.follow_hash_ids: the azure format has no hash ids to follow")
     rows_all = load_trace(tr.path, tr.format)
-    rows = list(rows_all[start:])
-    # Stable sort by time (Mooncake rows are in time order already; ties keep file order).
-    order = sorted(range(len(rows)), key=lambda i: rows[i].time_s)
-    rows = [rows[i] for i in order]
+    rows = list(rows_all[start:])  # in time order: load_trace rejects a decreasing timestamp
     idx = nonmatching_rows(rows) if tr.nonmatching else list(range(len(rows)))
     if len(idx) < total:
         raise WorkloadError(f"workload.trace: {tr.path} has only {len(idx)} usable requests after start={start}"
