@@ -239,7 +239,12 @@ def test_real_engine_grid_logs_exact_counts(tmp_path):
     d = json.loads(out.stdout.strip().splitlines()[-1])
     # two 16-token prompts prefill together (32 tokens, 2 x 136 pairs), then 2 decode steps of 2 sequences
     # at contexts 17 and 18 (3 output tokens each: one from the prefill step, two from decode steps)
-    assert d["kinds"] == ["prefill", "decode", "decode"]
-    assert d["tokens"] == [32, 2, 2]
-    assert d["pairs"] == [272.0, 34.0, 36.0]
-    assert d["n_tok"] == 6 and d["ingest"] == 1
+    # Whether the second prompt joins the first step depends on when it reaches the engine, so the split
+    # into steps may differ ([prefill 32, decode 2, decode 2] or [prefill 16, mixed 17, decode 2, decode 1]);
+    # the totals may not: 2 x 16 prompt tokens + 2 x 2 decode tokens, and 2 x (136 + 17 + 18) causal pairs.
+    assert d["kinds"][0] == "prefill" and d["kinds"][-1] == "decode"
+    assert set(d["kinds"]) <= {"prefill", "mixed", "decode"}
+    assert sum(d["tokens"]) == 36
+    assert sum(d["pairs"]) == 342.0
+    # tokens: 2 requests x 3 output tokens, plus the 4 of the engine warm-up request ("cal-warmup", 64 x 4)
+    assert d["n_tok"] == 6 + 4 and d["ingest"] == 1
