@@ -295,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; completed trials are kept on disk, rerun the same command to resume")
         return 130
+    except BrokenPipeError:  # e.g. `dlfp list | head -2`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
