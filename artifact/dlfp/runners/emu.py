@@ -57,7 +57,7 @@ import pandas as pd
 
 from .. import cost_model as cm
 from ..config import ConfigError, ExperimentConfig, build_policy
-from ..traces import FORMAT_VERSION, ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, \
+from ..traces import FORMAT_VERSION, ITERATION_COLUMNS, REQUEST_COLUMNS, Trial, coerce, git_commit, \
     package_versions
 from . import ProgressFn
 from . import sim as simrun
@@ -155,20 +155,6 @@ def join_device_log(iterations: pd.DataFrame, device_rows: list[dict], t0: float
     return it
 
 
-def _tokens_frame(wl, results: dict) -> pd.DataFrame:
-    rows: dict[str, list] = {"request_id": [], "index": [], "token_id": [], "time_s": []}
-    for spec in wl.requests:
-        r = results.get(spec.request_id)
-        if not r:
-            continue
-        n = len(r["ids"])
-        rows["request_id"] += [spec.request_id] * n
-        rows["index"] += list(range(n))
-        rows["token_id"] += [int(x) for x in r["ids"]]
-        rows["time_s"] += r["times"]
-    return coerce(pd.DataFrame(rows), TOKEN_COLUMNS, "tokens")
-
-
 def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn | None = None,
               workload=None) -> Trial:
     """Run one trial on the emulated device and return it (not written); ``backend="emu"``.
@@ -223,7 +209,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
     rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
     rq["fingerprint"] = wl.fingerprint
     rq = coerce(rq, REQUEST_COLUMNS, "requests")
-    tokens = _tokens_frame(wl, results)
+    tokens = vrun.tokens_frame(wl, results)
     iterations, log_info = vrun.iterations_from_log(sched_log, t0)
     # The scheduler log can repeat its last row (a race between the engine thread's flush and shutdown in
     # dlfp.vllm_scheduler); the copies are identical, keep one so the trace stays strictly increasing.

@@ -275,6 +275,26 @@ async def _drive(engine, wl, t_ref: list[float], progress: ProgressFn | None, wa
     return results
 
 
+def tokens_frame(wl, results: dict) -> pd.DataFrame:
+    """The tokens frame (``TOKEN_COLUMNS``) of a trial from the client's per-request results.
+
+    ``results[request_id]`` holds ``ids`` (generated token ids) and ``times``
+    (client-side emission times, seconds on the trial clock), in order;
+    requests with no result are left out. Shared with the emu runner.
+    """
+    rows: dict[str, list] = {"request_id": [], "index": [], "token_id": [], "time_s": []}
+    for spec in wl.requests:
+        r = results.get(spec.request_id)
+        if not r:
+            continue
+        n = len(r["ids"])
+        rows["request_id"] += [spec.request_id] * n
+        rows["index"] += list(range(n))
+        rows["token_id"] += [int(x) for x in r["ids"]]
+        rows["time_s"] += r["times"]
+    return coerce(pd.DataFrame(rows), TOKEN_COLUMNS, "tokens")
+
+
 def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn | None = None) -> Trial:
     """Run one trial (experiment x arm x seed) on the real vLLM engine and return it (not written).
 
@@ -327,17 +347,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
 
     rq = wl.requests_frame()
     rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
-    tok_rows = {"request_id": [], "index": [], "token_id": [], "time_s": []}
-    for spec in wl.requests:
-        r = results.get(spec.request_id)
-        if not r:
-            continue
-        n = len(r["ids"])
-        tok_rows["request_id"] += [spec.request_id] * n
-        tok_rows["index"] += list(range(n))
-        tok_rows["token_id"] += [int(x) for x in r["ids"]]
-        tok_rows["time_s"] += r["times"]
-    tokens = coerce(pd.DataFrame(tok_rows), TOKEN_COLUMNS, "tokens")
+    tokens = tokens_frame(wl, results)
     iterations, log_info = iterations_from_log(log_path, t0)
     lags = [r["sent"] - s.arrival_s for s in wl.requests if (r := results.get(s.request_id))]
     md = {
