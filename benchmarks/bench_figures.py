@@ -25,7 +25,7 @@ TARGET_S = 60.0  # issue 4: `make figures` from cache in at most 60 s
 
 
 def _trial_count(traces: Path) -> int:
-    from dlfp.traces import find_trials
+    from dlfp.traces.format import find_trials
 
     return len(find_trials(traces))
 
@@ -39,7 +39,8 @@ def breakdown(traces: Path, results: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from dlfp import figures, pipeline, tables
+    from dlfp.analysis import figures, tables
+    from dlfp import pipeline
 
     def timed(label, fn):
         t = time.perf_counter()

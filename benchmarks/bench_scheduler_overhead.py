@@ -1,7 +1,7 @@
 """Scheduler overhead: time per ``schedule()`` call, DLFPScheduler vs vLLM 0.17.1's stock Scheduler.
 
 Both schedulers are built in this process (no model, no engine; see
-``dlfp.vllm_scheduler.standalone_scheduler``) and driven through the same
+``dlfp.backends.vllm.scheduler.standalone_scheduler``) and driven through the same
 request mix with ``fake_step``: ``--decodes`` long-running decoding requests
 plus a stream of ``--prompt``-token prompts, one arriving every
 ``--every`` steps, for ``--steps`` iterations. Arms: stock vLLM, DLFP with
@@ -27,7 +27,7 @@ import time
 def run_arm(kind: str, args, log_dir: str) -> tuple[list[float], list[float]]:
     from vllm.v1.outputs import ModelRunnerOutput
 
-    from dlfp.vllm_scheduler import make_request, standalone_scheduler
+    from dlfp.backends.vllm.scheduler import make_request, standalone_scheduler
 
     policy = {"stock": None, "nocap": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}}[kind]
     s = standalone_scheduler(policy, stock=kind == "stock", max_num_batched_tokens=args.budget,

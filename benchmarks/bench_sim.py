@@ -18,9 +18,9 @@ import sys
 import time
 import tracemalloc
 
-from dlfp import metrics
+from dlfp.analysis import metrics
 from dlfp.config import load_experiment
-from dlfp.runners import sim
+from dlfp.backends.sim import runner as sim
 
 TARGET_PAIR_S, TARGET_EXP_S, TARGET_MB = 1.0, 5.0, 500.0
 

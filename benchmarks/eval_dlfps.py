@@ -16,10 +16,10 @@ import time
 
 import pandas as pd
 
-from dlfp import metrics
+from dlfp.analysis import metrics
 from dlfp.config import list_experiments, load_experiment
-from dlfp.evaluation import ablation_table, target_table
-from dlfp.runners import run_trial
+from dlfp.analysis.evaluation import ablation_table, target_table
+from dlfp.backends import run_trial
 
 ABLATIONS = ["dlfp", "dlfps", "dlfps-no-estimator", "dlfps-no-feasibility", "dlfps-no-ttft-guard", "dlfps-host-cadence"]
 

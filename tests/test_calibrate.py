@@ -1,4 +1,4 @@
-"""dlfp.calibrate: counts, the least-squares fit (recovers known parameters), host terms, profile I/O and the
+"""dlfp.studies.calibration: counts, the least-squares fit (recovers known parameters), host terms, profile I/O and the
 cost-model hook for a fitted profile. No timing: every measured time here is synthetic."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlfp import calibrate as cal
-from dlfp import cost_model as cm
+from dlfp.studies import calibration as cal
+from dlfp.devices import roofline as cm
 
 TRUE = {"step_s": 0.010, "per_token_s": 3.0e-4, "per_sampled_s": 2.0e-3, "per_attn_pair_s": 2.0e-8,
         "per_kv_token_s": 5.0e-6}
@@ -99,7 +99,7 @@ def test_fit_host_recovers_linear_terms_and_medians():
     assert host["ingest_s"] == pytest.approx(0.003)
     assert all(host[k] == 0.0 for k in cal.HOST_ZERO)
     # every field is a HostCosts field
-    from dlfp.sim import HostCosts
+    from dlfp.backends.sim import HostCosts
 
     HostCosts.from_dict(host)
 
@@ -191,7 +191,7 @@ def test_shipped_cpu_profile_feeds_the_simulator():
     if "cpu" not in cm.known_gpus():
         pytest.skip("no calibrated CPU profile shipped yet (run `dlfp calibrate`)")
     from dlfp.config import load_experiment
-    from dlfp.runners.sim import build_engine_parts
+    from dlfp.backends.sim.runner import build_engine_parts
 
     prof = cal.load_profile()
     gpu = cm.load_gpu("cpu")
@@ -227,7 +227,7 @@ def test_real_engine_grid_logs_exact_counts(tmp_path):
     script.write_text(
         "if __name__ == '__main__':\n"
         "    import json, sys\n"
-        "    from dlfp import calibrate as c\n"
+        "    from dlfp.studies import calibration as c\n"
         f"    m = c.run_grid([c.Phase('decode', 2, 16, 3)], repeats=1, run_dir={str(tmp_path / 'rd')!r}, progress=False)\n"
         "    st = m['steps']; st = st[st['repeat'] == 0]\n"
         "    print(json.dumps({'kinds': st['kind'].tolist(), 'tokens': st['tokens'].tolist(),\n"

@@ -4,7 +4,7 @@ import copy
 import pytest
 import yaml
 
-from dlfp import controller as ctl
+from dlfp.policies import base as ctl
 from dlfp.config import ConfigError, ExperimentConfig, build_policy, list_experiments, load_experiment
 
 BASE = {

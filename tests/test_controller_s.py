@@ -1,4 +1,4 @@
-"""DLFP-S (dlfp.controller_s): estimator, feasibility and TTFT guards on hand-built iterations.
+"""DLFP-S (dlfp.policies.dlfps.controller): estimator, feasibility and TTFT guards on hand-built iterations.
 
 Every expected cap below is worked out by hand in the comments from the
 iteration-time law fed in (no timing is measured).
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from dlfp.config import PolicyConfig, build_policy
-from dlfp.controller import Observation
-from dlfp.controller_s import (
+from dlfp.policies.base import Observation
+from dlfp.policies.dlfps.controller import (
     DEFAULT_OPTIONS,
     DLFPS,
     TAIL_GRID,

@@ -1,7 +1,7 @@
 """Cost model: numbers worked by hand from config.json and datasheet values."""
 import pytest
 
-from dlfp import cost_model as cm
+from dlfp.devices import roofline as cm
 
 A100_FLOPS = 312e12  # datasheet BF16 dense
 A100_BW = 2039e9  # datasheet HBM2e

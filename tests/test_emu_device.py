@@ -5,10 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from dlfp import cost_model as cm
-from dlfp.emulator.device import (CostModelDeviceTime, DeviceRecord, EmuBatch, EmulatedDevice, HostCosts,
+from dlfp.devices import roofline as cm
+from dlfp.backends.emu.device import (CostModelDeviceTime, DeviceRecord, EmuBatch, EmulatedDevice, HostCosts,
                                   LinearDeviceTime, device_time_fn_from_spec, token_id)
-from dlfp.runners.sim import token_ids as sim_token_ids
+from dlfp.backends.sim.runner import token_ids as sim_token_ids
 
 
 def test_batch_counts_and_linear_model_by_hand():
@@ -117,8 +117,8 @@ def _exp(**over):
 
 
 def test_emu_settings_use_the_simulators_kv_cache_and_host_costs():
-    from dlfp.runners.emu import emu_settings
-    from dlfp.sim import HostCosts as SimHost
+    from dlfp.backends.emu.runner import emu_settings
+    from dlfp.backends.sim import HostCosts as SimHost
 
     s = emu_settings(_exp(tp=2), "/tmp/x.jsonl")
     m, g = cm.load_model("qwen3-0.6b"), cm.load_gpu("a100-sxm4-80gb")
@@ -132,7 +132,7 @@ def test_emu_settings_use_the_simulators_kv_cache_and_host_costs():
 
 def test_emu_settings_reject_bad_options_naming_the_field():
     from dlfp.config import ConfigError
-    from dlfp.runners.emu import emu_settings
+    from dlfp.backends.emu.runner import emu_settings
 
     with pytest.raises(ConfigError, match="backend_options.emu.speed"):
         emu_settings(_exp(backend_options={"emu": {"speed": 2}}))
@@ -147,8 +147,8 @@ def test_emu_settings_reject_bad_options_naming_the_field():
 def test_join_device_log_fills_device_columns_and_checks_step():
     import pandas as pd
 
-    from dlfp.runners.emu import join_device_log
-    from dlfp.traces import ITERATION_COLUMNS, empty_frame
+    from dlfp.backends.emu.runner import join_device_log
+    from dlfp.traces.format import ITERATION_COLUMNS, empty_frame
 
     it = empty_frame(ITERATION_COLUMNS)
     it = pd.concat([it, pd.DataFrame({"iteration": [3, 4], "schedule_s": [0.0, 0.01], "prefill_tokens": [100, 0],

@@ -1,13 +1,13 @@
-"""Issue-8 target checks (dlfp.evaluation) on hand-built summary frames, and the DLFP-S arms of the configs."""
+"""Issue-8 target checks (dlfp.analysis.evaluation) on hand-built summary frames, and the DLFP-S arms of the configs."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
 from dlfp.config import build_policy, list_experiments, load_experiment
-from dlfp.controller_s import DLFPS
-from dlfp.evaluation import ablation_table, frontier_dominators, itl_no_worse, target_table
-from dlfp.stats import paired_change
+from dlfp.policies.dlfps.controller import DLFPS
+from dlfp.analysis.evaluation import ablation_table, frontier_dominators, itl_no_worse, target_table
+from dlfp.analysis.stats import paired_change
 
 T975_2 = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
 

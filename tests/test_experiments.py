@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlfp import controller as ctl
+from dlfp.policies import base as ctl
 from dlfp.config import EXPERIMENTS_DIR, build_policy, list_experiments, load_experiment
-from dlfp.workload import resolve_trace_path
+from dlfp.paths import PACKAGE_DIR
+from dlfp.workload.generator import resolve_trace_path
 
-PKG = Path(ctl.__file__).resolve().parent
+PKG = PACKAGE_DIR
 MODELS = yaml.safe_load((PKG / "models" / "qwen3.yaml").read_text())
 GPUS = yaml.safe_load((PKG / "hardware" / "gpus.yaml").read_text())
 SHARED = Path(__file__).parents[1].parent / "shared"
@@ -131,7 +132,7 @@ def test_trace_rows(name):
 @pytest.mark.skipif(not (SHARED / "traces").exists(), reason="needs ../shared/traces")
 @pytest.mark.parametrize("name", list(TRACE_ROWS))
 def test_trace_rows_build_their_workload(name):
-    from dlfp.workload import make_workload
+    from dlfp.workload.generator import make_workload
 
     cfg = load_experiment(name)
     inst = make_workload(cfg.workload, cfg.seeds[0])

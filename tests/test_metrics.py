@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlfp import metrics as m
+from dlfp.analysis import metrics as m
 from dlfp.config import SLO
-from dlfp.traces import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, empty_frame
+from dlfp.traces.format import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, empty_frame
 
 REQS = [
     # id, arrival, output_tokens, warmup, finished, token times

@@ -1,14 +1,13 @@
 """The notebooks executed through papermill, with their tables checked against the traces.
 
 Values are recomputed here straight from the Parquet files with pandas/numpy
-(not through ``dlfp.metrics``). ``test_run_all_on_the_simulator`` needs the
-simulator backend (``dlfp.runners.sim``) and is skipped, saying so, only when
+(not through ``dlfp.analysis.metrics``). ``test_run_all_on_the_simulator`` needs the
+simulator backend (``dlfp.backends.sim.runner``) and is skipped, saying so, only when
 that module is absent.
 """
 from __future__ import annotations
 
 import json
-import shutil
 
 import nbformat
 import numpy as np
@@ -16,8 +15,8 @@ import pandas as pd
 import pytest
 
 from dlfp import pipeline
-from dlfp.traces import Trial, find_trials, load_trial, trial_dir, write_trial
-from dlfp.validate_sim import error_table
+from dlfp.traces.format import Trial, find_trials, load_trial, trial_dir, write_trial
+from dlfp.studies.validation import error_table
 from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
 
 NOTEBOOKS = ("experiment", "figures", "controller")
@@ -136,7 +135,7 @@ def test_figures_notebook_from_cached_traces(tmp_path):
 
 
 def test_run_all_on_the_simulator(tmp_path):
-    pytest.importorskip("dlfp.runners.sim", reason="simulator backend dlfp.runners.sim is not installed yet")
+    pytest.importorskip("dlfp.backends.sim.runner", reason="simulator backend dlfp.backends.sim.runner is not installed yet")
     traces, results = tmp_path / "traces", tmp_path / "results"
     small = {"workload.num_requests": 5, "backend_options.frontier_caps": [1024], "arms": TWO_ARMS}
     res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results,

@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlfp import pipeline, runners
+from dlfp import pipeline, backends as runners
 from dlfp.cli import main
 from dlfp.config import ConfigError, load_experiment
-from dlfp.traces import (ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, find_trials, is_complete,
+from dlfp.traces.format import (Trial, find_trials, is_complete,
                          load_trial, trial_dir, write_trial)
 
 EXP = "qwen3-0.6b-tp1"
@@ -364,12 +364,12 @@ def test_unknown_arm_is_named(tmp_path, monkeypatch):
 
 
 def test_cli_delegates_calibrate_and_validate_sim(monkeypatch, capsys):
-    import dlfp.calibrate
-    import dlfp.validate_sim
+    import dlfp.studies.calibration
+    import dlfp.studies.validation
 
     seen = []
-    monkeypatch.setattr(dlfp.calibrate, "main_calibrate", lambda argv: seen.append(("cal", argv)) or 0)
-    monkeypatch.setattr(dlfp.validate_sim, "main_validate", lambda argv: seen.append(("val", argv)) or 3)
+    monkeypatch.setattr(dlfp.studies.calibration, "main_calibrate", lambda argv: seen.append(("cal", argv)) or 0)
+    monkeypatch.setattr(dlfp.studies.validation, "main_validate", lambda argv: seen.append(("val", argv)) or 3)
     assert main(["calibrate", "--quick", "-h"]) == 0
     assert main(["validate-sim", "--experiment", "cpu-tiny"]) == 3
     assert seen == [("cal", ["--quick", "-h"]), ("val", ["--experiment", "cpu-tiny"])]

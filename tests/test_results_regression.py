@@ -5,8 +5,8 @@
    vs ``baseline``, paired over seeds 801..803) is pinned AS FOUND, whether it
    agrees with the paper or not, so that a change to the simulator, the
    controller or the workload that flips one shows up here. The values are
-   computed straight from the traces with ``dlfp.metrics.summarize`` and
-   ``dlfp.stats.paired_change`` (not through ``dlfp.tables``). Each expected
+   computed straight from the traces with ``dlfp.analysis.metrics.summarize`` and
+   ``dlfp.analysis.stats.paired_change`` (not through ``dlfp.analysis.tables``). Each expected
    sign carries a comment saying whether it agrees with the paper (arXiv v1,
    2026-09-29, as summarised in .agents/PAPER.md and data/paper/published.csv).
    Where it disagrees, that is a finding about the simulator, reported in
@@ -14,7 +14,7 @@
 
 2. ``test_tables_reproduce_byte_for_byte``: every table ``figures.ipynb``
    writes, rendered again from ``data/traces`` by the same functions
-   (``dlfp.tables.write_tables``) into a temporary directory, equals the
+   (``dlfp.analysis.tables.write_tables``) into a temporary directory, equals the
    committed ``data/results/<name>.csv`` / ``.md`` byte for byte. If it fails
    after the traces changed, rerun ``make figures`` and commit the results.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlfp import metrics, stats, tables
-from dlfp.traces import load_trial, trial_dir
+from dlfp.analysis import metrics, stats, tables
+from dlfp.traces.format import load_trial, trial_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "data" / "traces"

@@ -1,4 +1,4 @@
-"""Sensitivity sweep (dlfp.sensitivity, `dlfp sensitivity`): plan, table arithmetic, and a tiny real sweep."""
+"""Sensitivity sweep (dlfp.studies.sensitivity, `dlfp sensitivity`): plan, table arithmetic, and a tiny real sweep."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlfp import sensitivity as sens
+from dlfp.studies import sensitivity as sens
 from dlfp.cli import main as cli_main
 from dlfp.config import ExperimentConfig, load_experiment
-from dlfp.metrics import summarize
-from dlfp.runners import run_trial
-from dlfp.sim.host import HostCosts
+from dlfp.analysis.metrics import summarize
+from dlfp.backends import run_trial
+from dlfp.devices.host import HostCosts
 
 T_975_DF2 = 4.302652729749464  # Student-t 0.975 quantile, 2 degrees of freedom (statistical tables)
 
@@ -193,7 +193,7 @@ def test_shipped_published_directions():
 
 def _measured_tokens_by_request(cfg, seed):
     """The baseline trial's measured requests' token times, grouped by request (inter-token gaps computed here,
-    independently of dlfp.metrics)."""
+    independently of dlfp.analysis.metrics)."""
     trial = run_trial(cfg, "baseline", seed, backend="sim")
     req = trial.requests
     measured = set(req.loc[~req["warmup"].astype(bool), "request_id"])

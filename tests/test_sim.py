@@ -4,9 +4,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from dlfp import controller as ctl
-from dlfp import cost_model as cm
-from dlfp.sim import HostCosts, SimEngine
+from dlfp.policies import base as ctl
+from dlfp.devices import roofline as cm
+from dlfp.backends.sim import HostCosts, SimEngine
 
 # Round host costs so expected intervals are easy to state.
 H = HostCosts(schedule_base_s=100e-6, schedule_per_req_s=0.0, prep_base_s=200e-6, prep_per_req_s=0.0,

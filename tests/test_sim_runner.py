@@ -1,13 +1,12 @@
 """Simulator backend: trace output, determinism and config rejection."""
 import filecmp
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlfp.config import ConfigError, ExperimentConfig
-from dlfp.runners import sim
-from dlfp.traces import METADATA_KEYS, load_trial, write_trial
+from dlfp.backends.sim import runner as sim
+from dlfp.traces.format import METADATA_KEYS, load_trial, write_trial
 
 
 def cfg(**over):

@@ -4,7 +4,7 @@ import math
 import pandas as pd
 import pytest
 
-from dlfp.stats import paired_change, paired_from_frame, relative_change, summarize_changes
+from dlfp.analysis.stats import paired_change, paired_from_frame, relative_change, summarize_changes
 
 
 def test_paper_p99_itl_reductions_mean_and_interval():

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from dlfp import figures, tables
-from dlfp.traces import trial_dir
+from dlfp.analysis import figures, tables
+from dlfp.traces.format import trial_dir
 from test_pipeline import EXP, SMALL, spike_s, ttft_s, write_fake_experiment
 
 SEEDS = (801, 802, 803)
@@ -291,7 +291,7 @@ EMU_EXTRA_S = 0.020  # the fake emu trials' spike is 20 ms longer than the sim o
 
 def _emu_twin(trial, extra_s=EMU_EXTRA_S):
     """The fake trial as if run on the emu backend: every token from index 2 on is ``extra_s`` later (longer spike)."""
-    from dlfp.traces import Trial
+    from dlfp.traces.format import Trial
 
     tk = trial.tokens.copy()
     tk.loc[tk["index"] >= 2, "time_s"] += extra_s
@@ -302,8 +302,8 @@ def _emu_twin(trial, extra_s=EMU_EXTRA_S):
 @pytest.fixture(scope="module")
 def sim_emu(tmp_path_factory):
     from dlfp.config import load_experiment
-    from dlfp.traces import write_trial
-    from test_pipeline import SMALL, fake_trial
+    from dlfp.traces.format import write_trial
+    from test_pipeline import fake_trial
 
     root = tmp_path_factory.mktemp("simemu")
     cfg = load_experiment(EXP, SMALL)
@@ -386,7 +386,7 @@ def test_dlfps_tables_without_the_arm_say_so(ts, tmp_path):
 
 
 def test_fidelity_tables_read_validate_sims_output(ts, tmp_path):
-    from dlfp.validate_sim import dlfp_effect, error_table
+    from dlfp.studies.validation import dlfp_effect, error_table
 
     assert tables.fidelity_errors(tmp_path) is None and tables.fidelity_effect(tmp_path) is None
     assert tables.write_fidelity(tmp_path, tmp_path / "out") == (None, None)

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dlfp import traces as tr
-from dlfp.traces import TraceError, Trial, find_trials, is_complete, load_trial, trial_dir, write_trial
+from dlfp.traces import format as tr
+from dlfp.traces.format import TraceError, Trial, find_trials, is_complete, load_trial, trial_dir, write_trial
 
 
 def make_trial(seed=801, arm="dlfp") -> Trial:

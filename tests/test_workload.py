@@ -1,4 +1,4 @@
-"""dlfp.workload: Poisson arrivals, agent profile, nonmatching token ids, fingerprints, trace replay."""
+"""dlfp.workload.generator: Poisson arrivals, agent profile, nonmatching token ids, fingerprints, trace replay."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from dlfp.config import TraceReplay, Workload
-from dlfp.traces import REQUEST_COLUMNS
-from dlfp.workload import (
+from dlfp.traces.format import REQUEST_COLUMNS
+from dlfp.workload.generator import (
     AGENT_QUANTILES_PATH,
     REPO_ROOT,
     TOKEN_ID_LOW,
@@ -82,7 +82,7 @@ def test_same_seed_same_instance_different_seed_differs():
 def test_fingerprint_sees_one_token_and_one_arrival():
     from dataclasses import replace
 
-    from dlfp.workload import WorkloadInstance, _fingerprint
+    from dlfp.workload.generator import WorkloadInstance, _fingerprint
 
     inst = make_workload(fixed(num_requests=5, num_warmup=0), 3)
     assert _fingerprint(inst.requests) == inst.fingerprint
@@ -185,7 +185,7 @@ def test_agent_lengths_follow_the_table_and_clip():
 @pytest.mark.shared
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces/mooncake_conversation_trace.jsonl")
 def test_quantile_table_reproduced_from_trace():
-    from dlfp.derive_profiles import derive_agent_quantiles
+    from dlfp.workload.profiles import derive_agent_quantiles
 
     fresh = derive_agent_quantiles(MOONCAKE)
     committed = json.loads(AGENT_QUANTILES_PATH.read_text())

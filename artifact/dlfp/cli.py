@@ -8,8 +8,8 @@ Usage::
     dlfp run-all [--backend B] [--experiments E ...] [--seeds S ...] [--force] [--quick] [--traces DIR]
                  [--results DIR] [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-figures]
     dlfp figures [--traces DIR] [--out DIR] [--published CSV]
-    dlfp calibrate ...      (dlfp.calibrate.main_calibrate; `dlfp calibrate -h`)
-    dlfp validate-sim ...   (dlfp.validate_sim.main_validate; `dlfp validate-sim -h`)
+    dlfp calibrate ...      (dlfp.studies.calibration.main_calibrate; `dlfp calibrate -h`)
+    dlfp validate-sim ...   (dlfp.studies.validation.main_validate; `dlfp validate-sim -h`)
     dlfp sensitivity [--experiments E ...] [--out DIR] [--seeds S ...] [--arms A ...] [--host-scales K ...]
                      [--no-measured] [--jobs N] [--set KEY=VALUE ...]
 
@@ -51,7 +51,7 @@ def _err(msg: str) -> None:
 @command("list", "list the shipped experiments")
 def _list(p: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
-        from .config import ConfigError, list_experiments, load_experiment
+        from dlfp.config import ConfigError, list_experiments, load_experiment
 
         names = list_experiments()
         if not names:
@@ -112,7 +112,7 @@ def _run(p: argparse.ArgumentParser) -> Handler:
     _frontier_arg(p)
 
     def run(args: argparse.Namespace) -> int:
-        from . import pipeline
+        from dlfp import pipeline
 
         res = pipeline.run_experiment(args.experiment, backend=args.backend, seeds=args.seeds, arms=args.arms,
                                       out_dir=args.out, overrides=pipeline.parse_overrides(args.overrides),
@@ -143,7 +143,7 @@ def _run_all(p: argparse.ArgumentParser) -> Handler:
     _frontier_arg(p)
 
     def run(args: argparse.Namespace) -> int:
-        from . import pipeline
+        from dlfp import pipeline
 
         res = pipeline.run_all(backend=args.backend, experiments=args.experiments, force=args.force,
                                quick=args.quick, traces_dir=args.traces, results_dir=args.results, seeds=args.seeds,
@@ -166,7 +166,7 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
         import time
 
-        from . import pipeline
+        from dlfp import pipeline
 
         t0 = time.perf_counter()
         nb = pipeline.render_figures(args.traces, args.out, args.published)
@@ -195,7 +195,9 @@ def _sensitivity(p: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
         import shlex
 
-        from . import pipeline, sensitivity as sens
+        from dlfp import pipeline
+
+        from dlfp.studies import sensitivity as sens
 
         out = args.out or str(pipeline.default_results_dir() / "sensitivity")
         cmd = "dlfp sensitivity" + "".join(
@@ -253,10 +255,10 @@ def _run_delegated(name: str, argv: list[str]) -> int:
     return int(fn(argv) or 0)
 
 
-_delegate("calibrate", "fit the CPU hardware profile from a profiling run of the real engine (issue 9)",
-          "calibrate", "main_calibrate")
-_delegate("validate-sim", "compare the simulator with real-engine traces and report its error (issue 9)",
-          "validate_sim", "main_validate")
+_delegate("calibrate", "fit the CPU hardware profile from a profiling run of the real engine",
+          "studies.calibration", "main_calibrate")
+_delegate("validate-sim", "compare the simulator with real-engine traces and report its error",
+          "studies.validation", "main_validate")
 
 
 # --------------------------------------------------------------------------- main
@@ -275,11 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dlfp`` console script; returns the exit status (2 for bad input)."""
-    from .config import ConfigError
-    from .pipeline import PipelineError
-    from .runners import BackendUnavailable
-    from .traces import TraceError
-    from .workload import WorkloadError
+    from dlfp.config import ConfigError
+    from dlfp.pipeline import PipelineError
+    from dlfp.backends import BackendUnavailable
+    from dlfp.traces.format import TraceError
+    from dlfp.workload.generator import WorkloadError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -21,9 +21,9 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from . import controller as ctl
+from dlfp.policies import base as ctl
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
+from dlfp.paths import EXPERIMENTS_DIR
 
 
 class ConfigError(ValueError):
@@ -137,7 +137,7 @@ class Workload(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """One arm's prefill policy. ``policy`` names the class in ``dlfp.controller``."""
+    """One arm's prefill policy. ``policy`` names the class in ``dlfp.policies.base``."""
 
     policy: Literal["nocap", "fixed", "dlfp", "dlfps"]
     signal: Literal["host_cadence", "device_completion"] = "host_cadence"
@@ -284,7 +284,7 @@ def build_policy(pc: PolicyConfig) -> ctl.Policy:
     )
     if pc.policy == "dlfp":
         return ctl.DLFP(**kw)
-    from . import controller_s  # DLFP-S (issue 8)
+    from dlfp.policies.dlfps import controller as controller_s  # DLFP-S, this artifact's controller
 
     return controller_s.DLFPS(**kw, **pc.options)
 

@@ -1,0 +1,1 @@
+"""From traces to numbers: serving metrics, paired statistics, tables and figures."""

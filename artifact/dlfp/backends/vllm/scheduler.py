@@ -1,0 +1,496 @@
+"""DLFP inside vLLM 0.17.1's V1 scheduler, plugged in through ``scheduler_cls``.
+
+Use in any vLLM 0.17.1 server (no harness needed)::
+
+    vllm serve MODEL --scheduler-cls dlfp.backends.vllm.scheduler.DLFPScheduler \\
+        --additional-config '{"dlfp": {"policy": "dlfp", "target_s": 0.08, "log_path": "/tmp/dlfp.jsonl"}}'
+
+``DLFPScheduler`` picks its asynchronous-scheduling twin (``DLFPAsyncScheduler``,
+a subclass of vLLM's ``AsyncScheduler``) by itself when the engine runs with
+``async_scheduling``: a custom ``scheduler_cls`` replaces vLLM's own
+Scheduler/AsyncScheduler choice, so the choice is redone here from the engine
+config. Both share :class:`DLFPSchedulerMixin`; the controller code is the same.
+
+Settings (validated when the engine core starts; a bad value raises
+:class:`DLFPConfigError` with one line naming the field):
+
+* ``additional_config["dlfp"]``: the fields of :class:`dlfp.config.PolicyConfig`
+  (``policy`` nocap|fixed|dlfp|dlfps, ``signal`` host_cadence|device_completion,
+  ``cap``, ``target_s``, ``initial_cap``, ``min_cap``, ``max_cap``, ``quantum``,
+  ``gain``, ``options``) plus ``log_path`` (per-iteration JSONL log, optional);
+* else the environment: ``DLFP_POLICY_JSON`` (the same JSON object) and
+  ``DLFP_SCHED_LOG`` (log path); ``DLFP_SCHED_LOG`` also fills a missing
+  ``log_path`` of ``additional_config`` (the harness passes the per-run path
+  this way, so the path does not enter vLLM's compile-cache hash);
+* neither: the paper's DLFP (target 80 ms, initial cap 3,072, clamp
+  1,024..6,144, 128-token quantum, host_cadence signal).
+
+How the cap is enforced (one hook, no copy of ``schedule()``)
+-------------------------------------------------------------
+While at least one running request is decoding, the policy's cap ``C`` limits
+the TOTAL prefill tokens of the step. ``schedule()`` of vLLM 0.17.1 computes
+each request's ``num_new_tokens`` (after ``long_prefill_token_threshold`` and
+the shared ``token_budget``) and then, in BOTH its running-request loop and
+its waiting-request loop, passes that number through the per-request hook
+``_mamba_block_aligned_split(request, num_new_tokens, ...)`` right before KV
+allocation whenever ``need_mamba_block_aligned_split`` is set. A result of 0
+makes the running loop skip the request (``continue``) and the waiting loop
+stop admitting (``break``), exactly what an exhausted prefill allowance needs.
+So, for a capped step only, this class sets that flag and overrides the hook:
+a request in its prefill phase (vLLM's own test, the one the stock hook uses:
+``num_computed_tokens < max(num_prompt_tokens, num_tokens - 1)``, which also
+covers preempted-and-resumed requests) gets ``min(num_new_tokens, left)``
+tokens and ``left`` drops by that many; decodes pass untouched. The stock
+hook still runs first for models that need it (hybrid Mamba models).
+
+Why not the alternatives: lowering ``max_num_scheduled_tokens`` to
+``decodes + C`` is not a prefill cap, because decodes and prefills share one
+token budget in list order, so a prefill ahead of a decode in ``running``
+could take the decode's share (and starve it) or exceed ``C``; setting
+``long_prefill_token_threshold = C`` caps each request, not their sum, and
+cannot express "0 more prefill tokens" (0 disables the threshold).
+
+Exactness: the allowance is charged when a request's chunk size is decided;
+if its KV allocation then fails, vLLM stops scheduling further requests in
+that loop (running loop: ``break`` after self-preemption, and the waiting loop
+is skipped after any preemption; waiting loop: ``break``), so nothing can
+overspend it. Under the PRIORITY policy a preempted, already-scheduled request
+returns its tokens to vLLM's budget but not to the prefill allowance (stays
+conservative: never above ``C``). The allowance is also clamped to
+``max_num_scheduled_tokens - num_decoding`` so a cap larger than the budget
+left after the decodes can never starve a decode (never binds with the
+paper's clamp of 6,144 and a budget >= 6,144 + max_num_seqs). With no
+decoding request the policy returns no cap and ``schedule()`` is vLLM's,
+untouched. KV-connector asynchronous loads (P/D disaggregation) are not
+supported in a capped step (the hook's 0 would stop admission).
+
+Feedback signals (``policy.observe`` exactly once per non-empty iteration)
+--------------------------------------------------------------------------
+* ``host_cadence`` (the paper's): seconds from this iteration's
+  ``schedule()`` call to the next ``schedule()`` call; observed at that next
+  call, before its cap is chosen.
+* ``device_completion``: seconds from dispatch (end of ``schedule()``) until
+  the iteration's output reaches ``update_from_output``, counted from the
+  later of the dispatch and the previous iteration's completion (under async
+  scheduling a batch queued behind a running one does not start before it
+  finishes; in the synchronous loop this is dispatch -> output). Observed in
+  ``update_from_output``.
+
+Per-iteration log
+-----------------
+With a ``log_path`` the engine-core process appends JSON lines: one
+``{"event": "start", ...}`` header per scheduler, then one
+``{"event": "iteration", ...}`` per non-empty iteration with the keys of
+``dlfp.traces.format.ITERATION_COLUMNS`` (times are ``time.monotonic()`` seconds,
+CLOCK_MONOTONIC, the same clock in every process of the machine), and
+``{"event": "end"}`` at shutdown. Rows are buffered and written from
+``update_from_output`` (never from ``schedule()``), when the engine goes idle
+and at shutdown. Read it back with :func:`read_log`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from dlfp.config import PolicyConfig, build_policy
+from dlfp.paths import HF_MODELS_DIR
+from dlfp.policies.base import Observation
+
+ENV_POLICY = "DLFP_POLICY_JSON"
+ENV_LOG = "DLFP_SCHED_LOG"
+CONFIG_KEY = "dlfp"
+#: Buffered log rows written per flush (a crash loses at most this many).
+FLUSH_EVERY = 64
+
+
+class DLFPConfigError(ValueError):
+    """DLFP scheduler settings that cannot run; the message is one line naming the field."""
+
+
+@dataclass(frozen=True)
+class DLFPSettings:
+    """Parsed scheduler settings: the arm's policy and where to log (``None`` = no log)."""
+
+    policy: PolicyConfig
+    log_path: str | None
+    source: str
+
+
+def parse_settings(additional_config: Any = None, environ: dict[str, str] | None = None) -> DLFPSettings:
+    """Settings from vLLM's ``additional_config["dlfp"]``, else ``DLFP_POLICY_JSON``, else paper defaults.
+
+    Raises:
+        DLFPConfigError: not a JSON object, an unknown field, or a bad value
+            (one line naming the field and the source).
+    """
+    env = os.environ if environ is None else environ
+    raw: Any = None
+    source = "paper defaults"
+    if isinstance(additional_config, dict) and CONFIG_KEY in additional_config:
+        raw, source = additional_config[CONFIG_KEY], f"additional_config[{CONFIG_KEY!r}]"
+    elif env.get(ENV_POLICY):
+        source = ENV_POLICY
+        try:
+            raw = json.loads(env[ENV_POLICY])
+        except json.JSONDecodeError as e:
+            raise DLFPConfigError(f"DLFP settings ({source}): not valid JSON: {e}") from None
+    else:
+        raw = {"policy": "dlfp"}
+    if not isinstance(raw, dict):  # includes an explicit null: settings were given, so they must be an object
+        raise DLFPConfigError(f"DLFP settings ({source}): must be a JSON object, got "
+                              f"{'null' if raw is None else type(raw).__name__}")
+    raw = dict(raw)
+    log_path = raw.pop("log_path", None)
+    if log_path is not None and not isinstance(log_path, str):
+        raise DLFPConfigError(f"DLFP settings ({source}): field log_path: must be a string (a file path), "
+                              f"got {type(log_path).__name__} {log_path!r}")
+    log_path = log_path or env.get(ENV_LOG) or None
+    raw.setdefault("policy", "dlfp")
+    from pydantic import ValidationError
+
+    from dlfp.config import validation_message
+
+    try:
+        pc = PolicyConfig.model_validate(raw)
+    except ValidationError as e:
+        raise DLFPConfigError(f"DLFP settings ({source}): {validation_message(e)}") from None
+    except (ValueError, ImportError) as e:  # controller checks, or a policy module that is missing
+        raise DLFPConfigError(f"DLFP settings ({source}): {e}") from None
+    return DLFPSettings(policy=pc, log_path=str(log_path) if log_path else None, source=source)
+
+
+def is_prefilling(request) -> bool:
+    """vLLM's own prefill-phase test for a request (fresh, chunked or resumed after preemption).
+
+    True while ``num_computed_tokens < max(num_prompt_tokens, num_tokens - 1)``
+    (``Scheduler._mamba_block_aligned_split`` in vLLM 0.17.1 uses the same test):
+    a decoding request has computed all but its newest token (sync) or more,
+    counting output placeholders (async).
+    """
+    return request.num_computed_tokens < max(request.num_prompt_tokens, request.num_tokens - 1)
+
+
+_NAN = float("nan")
+
+
+class DLFPSchedulerMixin:
+    """The DLFP delta on vLLM's scheduler: cap hook, both feedback signals, iteration log.
+
+    Mixed into ``Scheduler`` (:class:`DLFPScheduler`) and ``AsyncScheduler``
+    (:class:`DLFPAsyncScheduler`); see the module docstring.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        settings = parse_settings(getattr(self.vllm_config, "additional_config", None))
+        self.dlfp_settings = settings
+        self.dlfp_policy = build_policy(settings.policy)
+        self._dlfp_signal = self.dlfp_policy.signal
+        self._dlfp_host = self._dlfp_signal == "host_cadence"
+        self._dlfp_model_split = bool(self.need_mamba_block_aligned_split)
+        self._dlfp_left: int | None = None  # prefill allowance left in the step being scheduled
+        self._dlfp_iteration = 0
+        self._dlfp_prev: dict | None = None  # last non-empty iteration, awaiting its host interval
+        self._dlfp_inflight: dict[int, dict] = {}  # id(SchedulerOutput) -> row, awaiting device completion
+        self._dlfp_last_end = -math.inf
+        self._dlfp_rows: list[str] = []
+        self._dlfp_file = None
+        if settings.log_path:
+            os.makedirs(os.path.dirname(os.path.abspath(settings.log_path)), exist_ok=True)
+            self._dlfp_file = open(settings.log_path, "a", encoding="utf-8")
+            header = {
+                "event": "start", "pid": os.getpid(), "scheduler": type(self).__name__,
+                "policy": self.dlfp_policy.params(), "settings_source": settings.source,
+                "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+                "max_num_running_reqs": self.max_num_running_reqs,
+                "async_scheduling": bool(self.scheduler_config.async_scheduling),
+                "clock": "time.monotonic", "time_s": time.monotonic(),
+            }
+            self._dlfp_file.write(json.dumps(header) + "\n")
+            self._dlfp_file.flush()
+
+    # -- the cap ------------------------------------------------------------------------------
+    def _mamba_block_aligned_split(self, request, num_new_tokens: int,
+                                   num_new_local_computed_tokens: int = 0,
+                                   num_external_computed_tokens: int = 0) -> int:
+        """vLLM's per-request chunk hook, plus the prefill allowance while a cap is in force."""
+        if self._dlfp_model_split:
+            num_new_tokens = super()._mamba_block_aligned_split(
+                request, num_new_tokens, num_new_local_computed_tokens, num_external_computed_tokens)
+        left = self._dlfp_left
+        if left is not None and (num_new_tokens > 1 or left == 0 or request.is_prefill_chunk
+                                 or request.num_computed_tokens < request.num_prompt_tokens):
+            computed = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+            if computed < max(request.num_prompt_tokens, request.num_tokens - 1):
+                num_new_tokens = min(num_new_tokens, left)
+                self._dlfp_left = left - num_new_tokens
+        return num_new_tokens
+
+    def schedule(self):
+        t0 = time.monotonic()
+        prev = self._dlfp_prev
+        if prev is not None:  # host_cadence of the previous iteration is known now
+            self._dlfp_prev = None
+            prev["host_interval_s"] = t0 - prev["schedule_s"]
+            if self._dlfp_host:
+                self._dlfp_observe(prev, t0)
+            self._dlfp_done(prev)
+        # Running requests still in their prompt: vLLM's own flag, set for every scheduled request in
+        # _update_after_schedule (num_computed_tokens < num_tokens + placeholders). Preempted requests
+        # wait in self.waiting and are prefills again when resumed.
+        partial = [r for r in self.running if r.is_prefill_chunk]
+        num_decoding = len(self.running) - len(partial)
+        # the oldest request without a first token (waiting, or running mid-prompt): its wait so far (s)
+        # and its prompt tokens still to prefill, for policies with a TTFT guard (DLFP-S)
+        oldest = self.waiting.peek_request() if self.waiting else None
+        for r in partial:
+            if r.num_output_tokens == 0 and (oldest is None or r.arrival_time < oldest.arrival_time):
+                oldest = r
+        if oldest is None:
+            cap = self.dlfp_policy.prefill_cap(num_decoding, now_s=t0)
+        else:
+            cap = self.dlfp_policy.prefill_cap(
+                num_decoding, now_s=t0, oldest_waiting_s=max(0.0, time.time() - oldest.arrival_time),
+                oldest_remaining_tokens=max(0, oldest.num_prompt_tokens - oldest.num_computed_tokens))
+        if cap is None or not (partial or self.waiting):  # no cap, or no prefill it could bind
+            out = super().schedule()
+        else:
+            self._dlfp_left = max(0, min(int(cap), self.max_num_scheduled_tokens - num_decoding))
+            self.need_mamba_block_aligned_split = True
+            try:
+                out = super().schedule()
+            finally:
+                self._dlfp_left = None
+                self.need_mamba_block_aligned_split = self._dlfp_model_split
+        t1 = time.monotonic()
+        if out.total_num_scheduled_tokens > 0:
+            # prefills of this step: new and resumed requests, and running requests that were mid-prompt
+            nst = out.num_scheduled_tokens
+            prefill_tokens = num_prefills = 0
+            for nr in out.scheduled_new_reqs:
+                prefill_tokens += nst[nr.req_id]
+                num_prefills += 1
+            for rid in out.scheduled_cached_reqs.resumed_req_ids:
+                if rid in nst:
+                    prefill_tokens += nst[rid]
+                    num_prefills += 1
+            for r in partial:
+                n = nst.get(r.request_id)
+                if n:
+                    prefill_tokens += n
+                    num_prefills += 1
+            num_decodes = len(nst) - num_prefills
+            row = {
+                "iteration": self._dlfp_iteration, "schedule_s": t0, "prefill_tokens": prefill_tokens,
+                "num_prefills": num_prefills, "num_decodes": num_decodes, "cap": cap, "cap_after": None,
+                "guarded": False, "signal": self._dlfp_signal, "observed_interval_s": _NAN,
+                "host_interval_s": None, "device_time_s": None, "issue_s": t1,
+                "device_start_s": _NAN, "device_end_s": _NAN, "energy_j": _NAN,
+                "num_decoding_running": num_decoding, "_pending": 2,
+            }
+            self._dlfp_iteration += 1
+            self._dlfp_prev = row
+            self._dlfp_inflight[id(out)] = row
+        return out
+
+    # -- device completion --------------------------------------------------------------------
+    def update_from_output(self, scheduler_output, model_runner_output):
+        t = time.monotonic()
+        row = self._dlfp_inflight.pop(id(scheduler_output), None)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if row is not None:
+            row["device_end_s"] = t
+            row["device_time_s"] = t - max(row["issue_s"], self._dlfp_last_end)
+            self._dlfp_last_end = t
+            if not self._dlfp_host:
+                self._dlfp_observe(row, t)
+            self._dlfp_done(row)
+        if len(self._dlfp_rows) >= FLUSH_EVERY or (self._dlfp_rows and not self.has_unfinished_requests()):
+            self._dlfp_flush()
+        return outputs
+
+    def _dlfp_observe(self, row: dict, now: float) -> None:
+        obs = Observation(
+            iteration=row["iteration"], time_s=now, prefill_tokens=row["prefill_tokens"],
+            num_decodes=row["num_decodes"], cap=row["cap"],
+            host_interval_s=row["host_interval_s"], device_time_s=row["device_time_s"],
+        )
+        self.dlfp_policy.observe(obs)
+        iv = obs.interval(self._dlfp_signal)
+        row["observed_interval_s"] = _NAN if iv is None else float(iv)
+        row["guarded"] = obs.guarded
+        decisions = self.dlfp_policy.decisions
+        row["cap_after"] = decisions[-1].cap_after if decisions else row["cap"]
+        if len(decisions) > 1024:  # the log file keeps the history; bound memory in long-running servers
+            del decisions[:-1]
+        row["_observed"] = True
+
+    def _dlfp_done(self, row: dict) -> None:
+        """One of the two events of a row (next call, completion) happened; queue it when both have."""
+        row["_pending"] -= 1
+        if row["_pending"] == 0 and self._dlfp_file is not None:
+            out = {k: v for k, v in row.items() if not k.startswith("_")}
+            if not row.get("_observed"):
+                out["cap_after"] = row["cap"]
+            out["event"] = "iteration"
+            for k in ("host_interval_s", "device_time_s"):
+                if out[k] is None:
+                    out[k] = _NAN
+            self._dlfp_rows.append(json.dumps(out))
+
+    def _dlfp_flush(self) -> None:
+        # Take the rows first: a shutdown that interrupts the write must not leave them to be written twice.
+        rows, self._dlfp_rows = self._dlfp_rows, []
+        if self._dlfp_file is not None and rows:
+            self._dlfp_file.write("\n".join(rows) + "\n")
+            self._dlfp_file.flush()
+
+    def shutdown(self) -> None:
+        """Write the rows still buffered (the last one without a next call gets host_interval NaN)."""
+        try:
+            if self._dlfp_file is not None:
+                prev, self._dlfp_prev = self._dlfp_prev, None
+                if prev is not None:
+                    prev["_pending"] = 1
+                    self._dlfp_done(prev)
+                for row in self._dlfp_inflight.values():
+                    row["_pending"] = 1
+                    self._dlfp_done(row)
+                self._dlfp_inflight.clear()
+                self._dlfp_flush()
+                self._dlfp_file.write(json.dumps({"event": "end", "time_s": time.monotonic(),
+                                                  "iterations": self._dlfp_iteration}) + "\n")
+                self._dlfp_file.close()
+                self._dlfp_file = None
+        finally:
+            super().shutdown()
+
+
+class DLFPAsyncScheduler(DLFPSchedulerMixin, AsyncScheduler):
+    """DLFP over vLLM's ``AsyncScheduler`` (engines with ``async_scheduling``)."""
+
+
+class DLFPScheduler(DLFPSchedulerMixin, Scheduler):
+    """DLFP over vLLM's ``Scheduler``; becomes :class:`DLFPAsyncScheduler` under async scheduling.
+
+    vLLM builds the scheduler as ``scheduler_cls(vllm_config=..., ...)``; when
+    ``vllm_config.scheduler_config.async_scheduling`` is true this returns a
+    ``DLFPAsyncScheduler`` instead, so one ``--scheduler-cls`` works in both modes.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        if cls is DLFPScheduler and getattr(getattr(vllm_config, "scheduler_config", None),
+                                            "async_scheduling", False):
+            obj = object.__new__(DLFPAsyncScheduler)
+            obj.__init__(*args, **kwargs)  # not auto-called: the object is not a DLFPScheduler
+            return obj
+        return object.__new__(cls)
+
+
+def read_log(path: str) -> tuple[list[dict], list[dict]]:
+    """Parse a scheduler log: (start/end events, iteration rows), in file order.
+
+    A torn last line (engine killed mid-write) is ignored.
+
+    Raises:
+        FileNotFoundError: no such log.
+    """
+    events, rows = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            (rows if d.get("event") == "iteration" else events).append(d)
+    return events, rows
+
+
+# -- a scheduler without an engine (tests, overhead benchmark) -----------------------------------
+def standalone_scheduler(policy: dict | None = None, *, model: str | None = None, max_num_batched_tokens: int = 2048,
+                         max_num_seqs: int = 16, block_size: int = 16, num_blocks: int = 4096,
+                         max_model_len: int = 8192, async_scheduling: bool = False, stock: bool = False,
+                         log_path: str | None = None):
+    """A vLLM 0.17.1 scheduler built in this process, with no model, executor or engine core.
+
+    ``policy`` is the ``additional_config["dlfp"]`` object (PolicyConfig
+    fields, optional ``log_path``); ``stock=True`` builds vLLM's own
+    ``Scheduler``/``AsyncScheduler`` instead of the DLFP one. The model is only
+    read for its ``config.json`` (default: the shipped ``qwen3-tiny``). Drive
+    it with :func:`fake_step`.
+    """
+
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model = model or str(HF_MODELS_DIR / "qwen3-tiny")
+    dl = dict(policy or {"policy": "nocap"})
+    if log_path:
+        dl["log_path"] = log_path
+    args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+                      max_model_len=max_model_len, enable_chunked_prefill=True,
+                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                      block_size=block_size, enable_prefix_caching=False, enforce_eager=True,
+                      additional_config={CONFIG_KEY: dl}, disable_log_stats=True)
+    vc = args.create_engine_config()
+    vc.scheduler_config.async_scheduling = async_scheduling  # the CPU platform forces it off
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
+                                                        dtype=torch.float32))])
+    if stock:
+        cls = AsyncScheduler if async_scheduling else Scheduler
+    else:
+        cls = DLFPScheduler
+    return cls(vllm_config=vc, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(vc),
+               block_size=block_size, log_stats=False)
+
+
+def make_request(request_id: str, prompt_tokens: int, max_tokens: int, first_token: int = 100):
+    """A vLLM ``Request`` with ``prompt_tokens`` distinct ids, greedy, ``ignore_eos``, ``max_tokens`` outputs."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = [(first_token + i) % 30000 + 10 for i in range(prompt_tokens)]
+    return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, pooling_params=None)
+
+
+def fake_step(scheduler, token_id: int = 7):
+    """One engine iteration with no model: ``schedule()``, then an output that samples ``token_id``.
+
+    Every scheduled request whose prefill completes (or that decodes) gets one
+    token; non-final prefill chunks get none, as vLLM's model runner does.
+    Returns the ``SchedulerOutput``.
+    """
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    so = scheduler.schedule()
+    req_ids = list(so.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        r = scheduler.requests[rid]
+        done_prefill = r.num_computed_tokens >= r.num_tokens  # advanced by schedule()
+        sampled.append([token_id] if done_prefill else [])
+    mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                            sampled_token_ids=sampled)
+    scheduler.update_from_output(so, mro)
+    return so
+
+
+__all__ = ["DLFPAsyncScheduler", "DLFPConfigError", "DLFPScheduler", "DLFPSchedulerMixin", "DLFPSettings",
+           "fake_step", "is_prefilling", "make_request", "parse_settings", "read_log",
+           "standalone_scheduler"]

@@ -1,0 +1,1 @@
+"""Device models: model and GPU specs, the roofline cost model, the fitted CPU model, and host costs."""

@@ -1,0 +1,530 @@
+"""Device cost model: time and energy of one engine iteration on a modelled GPU.
+
+Shared by the simulator (``dlfp.backends.sim``) and the emulated device (``dlfp.backends.emu``).
+Everything comes from the model architecture (``models/*.yaml``, Hugging Face
+``config.json`` values) and the GPU datasheet (``hardware/*.yaml``); nothing is
+fitted to the DLFP paper's results.
+
+An iteration (one forward pass over a batch) is split into parts; each part's
+time is the roofline maximum of its compute time and its memory time, and the
+parts add up (they run one after another inside every layer)::
+
+    t = t_linear + t_attention + t_allreduce + t_overhead
+
+* linear layers: ``2 * params_per_gpu * tokens`` FLOPs at ``linear_flops_eff`` of
+  peak, against all weight bytes read once per iteration at ``mem_bw_eff`` of
+  peak HBM bandwidth. The LM head runs only over sampled tokens (vLLM computes
+  logits for the last position of each request only).
+* attention: ``4 * heads/tp * head_dim`` FLOPs per (query, key) pair, causal
+  pairs for prefill chunks (chunk x context), at ``attn_flops_eff``; against
+  KV-cache bytes read (context of every request in the batch) plus KV written.
+* tensor parallelism: two all-reduces per layer (after attention and after the
+  MLP) of ``tokens * hidden * 2`` bytes each, ring all-reduce:
+  ``latency + 2 (tp-1)/tp * bytes / (nvlink_bw/2)``.
+* per-layer kernel overhead: ``kernels_per_layer * kernel_gap_s`` per layer plus
+  a fixed per-iteration overhead (embedding, final norm, sampler, copies).
+
+Efficiency fractions and overheads are documented assumptions (see
+``DeviceAssumptions``), each with its reason. Energy is MODELLED: board power
+moves linearly from idle to TDP with the iteration's roofline utilisation.
+Units: seconds, bytes, FLOPs, joules, watts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from dlfp.paths import MODELS_DIR
+from dlfp.paths import HARDWARE_DIR
+GIB = 1024**3
+
+
+class CostModelError(ValueError):
+    """Unknown model/GPU or a model/GPU/TP combination that cannot run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer (Qwen3 family), fields as in HF ``config.json``."""
+
+    key: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    dtype_bytes: int = 2
+    source: str = ""
+    hf_name: str = ""
+
+    @property
+    def layer_params(self) -> int:
+        """Linear-layer parameters of one decoder layer (q, k, v, o, gate, up, down); norms ignored."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * self.num_attention_heads * d * 2 + h * self.num_key_value_heads * d * 2
+        mlp = 3 * h * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        """All parameters (embedding counted once when tied), norms ignored."""
+        lm = 0 if self.tie_word_embeddings else self.embedding_params
+        return self.num_hidden_layers * self.layer_params + self.embedding_params + lm
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights (BF16: 2 bytes per parameter)."""
+        return self.total_params * self.dtype_bytes
+
+    def kv_bytes_per_token(self, tp: int = 1) -> float:
+        """KV-cache bytes per token per GPU over all layers: ``2 * L * kv_heads/tp * head_dim * dtype_bytes``.
+
+        With ``tp`` larger than the KV-head count, vLLM replicates KV heads (one per GPU).
+        """
+        kvh = max(1, self.num_key_value_heads // tp)
+        return 2 * self.num_hidden_layers * kvh * self.head_dim * self.dtype_bytes
+
+    def check_tp(self, tp: int) -> None:
+        """Raise ``CostModelError`` (naming field ``tp``) if the model cannot be split ``tp`` ways.
+
+        vLLM needs ``num_attention_heads % tp == 0`` and either ``num_key_value_heads % tp == 0`` or
+        ``tp % num_key_value_heads == 0`` (KV heads replicated), and the MLP split ``intermediate_size % tp``.
+        """
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise CostModelError(f"field tp: must be a positive integer, got {tp!r}")
+        nh, nkv = self.num_attention_heads, self.num_key_value_heads
+        if nh % tp:
+            raise CostModelError(f"field tp: {self.key} has {nh} attention heads, not divisible by tp={tp}")
+        if nkv % tp and tp % nkv:
+            raise CostModelError(f"field tp: {self.key} has {nkv} KV heads; tp={tp} neither divides nor is a multiple of it")
+        if self.intermediate_size % tp:
+            raise CostModelError(f"field tp: {self.key} intermediate_size {self.intermediate_size} not divisible by tp={tp}")
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Datasheet numbers of one GPU (see ``hardware/gpus.yaml`` for units and sources)."""
+
+    key: str
+    name: str
+    memory_gib: float
+    bf16_dense_tflops: float
+    hbm_bandwidth_gbs: float
+    nvlink_bandwidth_gbs: float
+    tdp_w: float
+    idle_w: float
+    source: str = ""
+    idle_source: str = ""
+    # kind "fitted" (a measured profile written by `dlfp calibrate`, e.g. hardware/cpu-calibrated.yaml):
+    # the datasheet fields above are NaN and the device time comes from ``fitted`` (see FittedDeviceModel)
+    kind: str = "datasheet"
+    fitted: dict | None = None  # FittedCosts fields (seconds per unit)
+    host: dict | None = None  # HostCosts fields measured with the profile (defaults for dlfp.backends.sim.runner)
+    model: str | None = None  # the model the profile was fitted for
+    dtype_bytes: int | None = None  # bytes per weight/KV element on this device (fp32 CPU: 4)
+    kv_cache_gib: float | None = None  # KV-cache space (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
+    machine: dict | None = None  # description of the measured machine
+    fit: dict | None = None  # fit quality (residuals) and grid
+
+    @property
+    def peak_flops(self) -> float:
+        return self.bf16_dense_tflops * 1e12
+
+    @property
+    def hbm_bw(self) -> float:
+        return self.hbm_bandwidth_gbs * 1e9
+
+    @property
+    def link_bw_one_way(self) -> float:
+        """NVLink bytes/s in one direction (datasheet figure is bidirectional)."""
+        return self.nvlink_bandwidth_gbs * 1e9 / 2
+
+    def describe(self) -> dict:
+        """Plain dict for trace metadata."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeviceAssumptions:
+    """Achieved fractions of peak and fixed overheads (assumptions, not fitted to the paper).
+
+    * ``linear_flops_eff`` 0.70: large BF16 GEMMs in cuBLAS reach ~70-80 % of
+      A100/H100 dense peak (NVIDIA cuBLAS/CUTLASS published GEMM benchmarks);
+      the lower end is taken because transformer GEMMs are not all square.
+    * ``attn_flops_eff`` 0.50: FlashAttention-2 forward reaches 50-73 % of A100
+      peak (Dao 2023, FlashAttention-2 paper, Fig. 5/6); mid-range taken since
+      chunks are short and paged.
+    * ``mem_bw_eff`` 0.80: streaming kernels reach ~80-90 % of datasheet HBM
+      bandwidth (e.g. BabelStream on A100 ~1.7 of 2.0 TB/s); 0.8 for GEMV-style
+      weight reads with launch tails.
+    * ``kernels_per_layer`` 12: kernels in one vLLM Qwen3 decoder layer (fused
+      add+RMSNorm x2, qkv GEMM, q/k-norm, rotary, KV-cache write, attention,
+      o GEMM, gate_up GEMM, SiLU-and-mul, down GEMM, spare).
+    * ``kernel_gap_s`` 1.0e-6: device-side gap/tail per dependent kernel even
+      inside a CUDA graph (NVIDIA blog "Getting Started with CUDA Graphs", 2019:
+      ~3.4 us per 2.9 us kernel in a graph, i.e. ~0.5-1 us per kernel).
+    * ``iteration_overhead_s`` 30e-6: embedding lookup, final norm, logits
+      gather, sampler, device-to-host copy of sampled ids (~10-15 small kernels
+      plus one copy, each a few microseconds).
+    * ``allreduce_latency_s`` 8e-6: small-message all-reduce latency over
+      NVLink (NCCL/vLLM custom all-reduce, order of 5-10 us per call in
+      nccl-tests for <= 1 MB).
+    """
+
+    linear_flops_eff: float = 0.70
+    attn_flops_eff: float = 0.50
+    mem_bw_eff: float = 0.80
+    kernels_per_layer: int = 12
+    kernel_gap_s: float = 1.0e-6
+    iteration_overhead_s: float = 30e-6
+    allreduce_latency_s: float = 8e-6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise CostModelError(f"field {f.name}: must be a finite non-negative number, got {v!r}")
+        for n in ("linear_flops_eff", "attn_flops_eff", "mem_bw_eff"):
+            if not 0 < getattr(self, n) <= 1:
+                raise CostModelError(f"field {n}: must be in (0, 1], got {getattr(self, n)!r}")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One iteration's work.
+
+    Attributes:
+        prefill: sequence of ``(chunk_tokens, context_tokens)``: a prefill chunk
+            of ``chunk_tokens`` new tokens after ``context_tokens`` already in
+            the KV cache.
+        decodes: context length (tokens in the KV cache including the new one)
+            of each decoding request.
+        sampled: number of sampled tokens (LM-head rows); defaults to
+            ``len(decodes)`` + number of prefill chunks (each chunk treated as
+            final) when ``None``.
+    """
+
+    prefill: Sequence[tuple[int, int]] = ()
+    decodes: Sequence[int] = ()
+    sampled: int | None = None
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Iteration time split into parts (seconds) plus energy (joules, modelled, all GPUs)."""
+
+    linear_s: float
+    attention_s: float
+    allreduce_s: float
+    overhead_s: float
+    total_s: float
+    utilisation: float
+    energy_j: float
+    flops: float
+    bytes: float
+
+
+def _load_yaml_dir(directory: Path) -> dict:
+    out: dict = {}
+    for p in sorted(Path(directory).glob("*.yaml")):
+        data = yaml.safe_load(p.read_text()) or {}
+        for k, v in data.items():
+            out[k] = v
+    return out
+
+
+@lru_cache(maxsize=None)
+def _models() -> dict:
+    return _load_yaml_dir(MODELS_DIR)
+
+
+@lru_cache(maxsize=None)
+def _gpus() -> dict:
+    return _load_yaml_dir(HARDWARE_DIR)
+
+
+def known_models() -> list[str]:
+    return sorted(_models())
+
+
+def known_gpus() -> list[str]:
+    return sorted(_gpus())
+
+
+def load_model(key: str) -> ModelSpec:
+    """The architecture ``key`` from ``models/*.yaml``.
+
+    Raises:
+        CostModelError: unknown key (message names field ``model`` and lists the known ones).
+    """
+    d = _models().get(key)
+    if d is None:
+        raise CostModelError(f"field model: unknown model {key!r}; known: {', '.join(known_models())}")
+    return ModelSpec(key=key, **d)
+
+
+def load_gpu(key: str) -> GPUSpec:
+    """The GPU ``key`` from ``hardware/*.yaml``.
+
+    Raises:
+        CostModelError: unknown key (message names field ``gpu`` and lists the known ones).
+    """
+    d = _gpus().get(key)
+    if d is None:
+        raise CostModelError(f"field gpu: unknown GPU {key!r}; known: {', '.join(known_gpus())}")
+    return GPUSpec(key=key, **d)
+
+
+def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, *, gpu_memory_utilization: float = 0.9,
+                    block_size: int = 16, reserve_gib: float = 2.0) -> int:
+    """KV-cache blocks per GPU, as vLLM sizes them.
+
+    ``memory_gib * utilisation - weights/tp - reserve_gib`` bytes, divided by
+    ``block_size * kv_bytes_per_token(tp)``. ``reserve_gib`` (2 GiB, assumption)
+    stands for the CUDA context, CUDA graphs and the activation peak of
+    vLLM's profiling run.
+
+    Raises:
+        CostModelError: the weights do not fit (field ``gpu_memory_utilization``).
+    """
+    if gpu.kind == "fitted" and gpu.kv_cache_gib is not None:
+        # a measured CPU profile: vLLM's CPU KV cache is a fixed space (VLLM_CPU_KVCACHE_SPACE), elements of dtype_bytes
+        scale = (gpu.dtype_bytes or model.dtype_bytes) / model.dtype_bytes
+        return int(gpu.kv_cache_gib * GIB // (block_size * model.kv_bytes_per_token(tp) * scale))
+    free = gpu.memory_gib * GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve_gib * GIB
+    if free <= 0:
+        raise CostModelError(
+            f"field gpu_memory_utilization: {model.key} weights ({model.weight_bytes / GIB / tp:.1f} GiB per GPU "
+            f"at tp={tp}) do not fit in {gpu_memory_utilization} x {gpu.memory_gib} GiB of {gpu.key}")
+    return int(free // (block_size * model.kv_bytes_per_token(tp)))
+
+
+class DeviceModel:
+    """Precomputed constants of (model, GPU, TP) for fast per-iteration costing.
+
+    ``time(...)`` takes aggregate counts so the simulator avoids per-request
+    objects; ``iteration_time``/``breakdown`` take a ``Batch``.
+    A ``GPUSpec`` of ``kind == "fitted"`` (a measured profile) gives a
+    :class:`FittedDeviceModel` instead.
+    """
+
+    def __new__(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+        if cls is DeviceModel and getattr(gpu, "kind", "datasheet") == "fitted":
+            return super().__new__(FittedDeviceModel)
+        return super().__new__(cls)
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+        model.check_tp(tp)
+        a = assumptions or DeviceAssumptions()
+        self.model, self.gpu, self.tp, self.a = model, gpu, tp, a
+        L, h = model.num_hidden_layers, model.hidden_size
+        db = model.dtype_bytes
+        self.flops_s = gpu.peak_flops * a.linear_flops_eff
+        self.attn_flops_s = gpu.peak_flops * a.attn_flops_eff
+        self.bw = gpu.hbm_bw * a.mem_bw_eff
+        # linear FLOPs per token per GPU (decoder layers), and per sampled token (LM head)
+        self.lin_flops_tok = 2.0 * L * model.layer_params / tp
+        self.head_flops_tok = 2.0 * model.embedding_params / tp
+        # weight bytes read once per iteration (decoder layers + LM head matrix), per GPU
+        self.weight_bytes = (L * model.layer_params + model.embedding_params) * db / tp
+        # attention: FLOPs per (query, key) pair over all layers, per GPU
+        self.attn_flops_pair = 4.0 * L * (model.num_attention_heads // tp) * model.head_dim
+        self.kv_bytes_tok = model.kv_bytes_per_token(tp)  # per cached token, all layers
+        self.act_bytes_tok = 2.0 * L * h * db  # hidden-state read+write per token per layer (small)
+        self.overhead = L * a.kernels_per_layer * a.kernel_gap_s + a.iteration_overhead_s
+        if tp > 1:
+            self.ar_lat = 2 * L * a.allreduce_latency_s
+            self.ar_bytes_tok = 2 * L * h * db * 2.0 * (tp - 1) / tp  # ring: 2(tp-1)/tp of the message
+            self.link = gpu.link_bw_one_way
+        else:
+            self.ar_lat = 0.0
+            self.ar_bytes_tok = 0.0
+            self.link = 1.0
+        self.idle_w, self.tdp_w = gpu.idle_w, gpu.tdp_w
+
+    def time(self, tokens: int, sampled: int, attn_pairs: float, kv_read_tokens: float) -> tuple[float, float]:
+        """Device time (s) and utilisation in [0, 1] of one iteration from aggregate counts.
+
+        Args:
+            tokens: all scheduled tokens (prefill chunk tokens + one per decode).
+            sampled: LM-head rows (decodes + final prefill chunks).
+            attn_pairs: causal (query, key) pairs summed over the batch.
+            kv_read_tokens: cached tokens whose K/V are read (context of every request).
+        """
+        if tokens <= 0:
+            return 0.0, 0.0
+        lin_flops = self.lin_flops_tok * tokens + self.head_flops_tok * sampled
+        lin_bytes = self.weight_bytes + self.act_bytes_tok * tokens
+        t_lin = max(lin_flops / self.flops_s, lin_bytes / self.bw)
+        att_flops = self.attn_flops_pair * attn_pairs
+        att_bytes = self.kv_bytes_tok * (kv_read_tokens + tokens)
+        t_att = max(att_flops / self.attn_flops_s, att_bytes / self.bw)
+        t_ar = self.ar_lat + self.ar_bytes_tok * tokens / self.link
+        total = t_lin + t_att + t_ar + self.overhead
+        ideal = (lin_flops + att_flops) / self.gpu.peak_flops + (lin_bytes + att_bytes) / self.gpu.hbm_bw
+        return total, min(1.0, ideal / total)
+
+    def power_w(self, utilisation: float) -> float:
+        """Modelled board power of ONE GPU (W): ``idle + (tdp - idle) * utilisation``."""
+        return self.idle_w + (self.tdp_w - self.idle_w) * utilisation
+
+    def breakdown(self, batch: Batch) -> Breakdown:
+        """Per-part times (s) and modelled energy (J, all ``tp`` GPUs) of ``batch``."""
+        tokens, sampled, pairs, kv = batch_counts(batch)
+        if tokens <= 0:
+            return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        lin_flops = self.lin_flops_tok * tokens + self.head_flops_tok * sampled
+        lin_bytes = self.weight_bytes + self.act_bytes_tok * tokens
+        att_flops = self.attn_flops_pair * pairs
+        att_bytes = self.kv_bytes_tok * (kv + tokens)
+        t_lin = max(lin_flops / self.flops_s, lin_bytes / self.bw)
+        t_att = max(att_flops / self.attn_flops_s, att_bytes / self.bw)
+        t_ar = self.ar_lat + self.ar_bytes_tok * tokens / self.link
+        total, util = self.time(tokens, sampled, pairs, kv)
+        return Breakdown(t_lin, t_att, t_ar, self.overhead, total, util,
+                         total * self.power_w(util) * self.tp, lin_flops + att_flops, lin_bytes + att_bytes)
+
+
+@dataclass(frozen=True)
+class FittedCosts:
+    """Coefficients of a measured profile (seconds per unit), fitted by ``dlfp.studies.calibration``.
+
+    ``t = step_s + per_token_s * tokens + per_sampled_s * sampled + per_attn_pair_s * attn_pairs
+    + per_kv_token_s * kv_read_tokens``: the parts of the GPU form (fixed per-step cost, per-token
+    and per-sequence compute, attention over context, KV reads) added instead of taken as roofline
+    maxima (eager CPU execution does not overlap compute and memory traffic).
+    """
+
+    step_s: float
+    per_token_s: float
+    per_sampled_s: float
+    per_attn_pair_s: float
+    per_kv_token_s: float
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise CostModelError(f"field fitted.{f.name}: must be a finite non-negative number, got {v!r}")
+
+
+class FittedDeviceModel(DeviceModel):
+    """Device time from a measured (``kind: fitted``) profile; same interface as ``DeviceModel``.
+
+    Energy is not modelled for such a profile (its ``tdp_w``/``idle_w`` are NaN, so energies are NaN).
+
+    Raises:
+        CostModelError: the profile was fitted for another model (field ``gpu``), ``tp != 1`` (field
+            ``tp``), or bad coefficients (field ``fitted.*``).
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+        model.check_tp(tp)
+        if gpu.model is not None and gpu.model != model.key:
+            raise CostModelError(f"field gpu: profile {gpu.key!r} was fitted for model {gpu.model!r}, not {model.key!r}")
+        if tp != 1:
+            raise CostModelError(f"field tp: profile {gpu.key!r} was measured on one device; tp={tp} is not modelled")
+        self.c = FittedCosts(**(gpu.fitted or {}))
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.a = assumptions or DeviceAssumptions()
+        self.overhead = self.c.step_s
+        self.idle_w, self.tdp_w = gpu.idle_w, gpu.tdp_w
+
+    def time(self, tokens: int, sampled: int, attn_pairs: float, kv_read_tokens: float) -> tuple[float, float]:
+        """Device time (s) of one iteration from aggregate counts (see ``DeviceModel.time``); utilisation NaN."""
+        if tokens <= 0:
+            return 0.0, 0.0
+        c = self.c
+        return (c.step_s + c.per_token_s * tokens + c.per_sampled_s * sampled + c.per_attn_pair_s * attn_pairs
+                + c.per_kv_token_s * kv_read_tokens), float("nan")
+
+    def breakdown(self, batch: Batch) -> Breakdown:
+        """Parts: ``linear_s`` = per-token + per-sampled terms, ``attention_s`` = pair + KV terms, ``overhead_s`` = step."""
+        tokens, sampled, pairs, kv = batch_counts(batch)
+        if tokens <= 0:
+            return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
+        c = self.c
+        lin = c.per_token_s * tokens + c.per_sampled_s * sampled
+        att = c.per_attn_pair_s * pairs + c.per_kv_token_s * kv
+        total = lin + att + c.step_s
+        nan = float("nan")
+        return Breakdown(lin, att, 0.0, c.step_s, total, nan, nan, nan, nan)
+
+
+def batch_counts(batch: Batch) -> tuple[int, int, float, float]:
+    """Aggregate ``(tokens, sampled, attn_pairs, kv_read_tokens)`` of a ``Batch``.
+
+    A prefill chunk of ``c`` tokens after ``p`` cached ones has ``c * p + c (c + 1) / 2``
+    causal pairs and reads ``p`` cached tokens; a decode with context ``n``
+    (including itself) has ``n`` pairs and reads ``n - 1`` cached tokens.
+
+    Raises:
+        CostModelError: a negative count or a chunk of zero tokens.
+    """
+    tokens = 0
+    pairs = 0.0
+    kv = 0.0
+    for c, p in batch.prefill:
+        if c <= 0 or p < 0:
+            raise CostModelError(f"field prefill: chunk ({c}, {p}) needs tokens > 0 and context >= 0")
+        tokens += c
+        pairs += c * p + c * (c + 1) / 2.0
+        kv += p
+    for n in batch.decodes:
+        if n <= 0:
+            raise CostModelError(f"field decodes: context length must be positive, got {n}")
+        tokens += 1
+        pairs += n
+        kv += n - 1
+    sampled = batch.sampled if batch.sampled is not None else len(batch.decodes) + len(batch.prefill)
+    return tokens, sampled, pairs, kv
+
+
+@lru_cache(maxsize=64)
+def device_model(model: str, gpu: str, tp: int = 1) -> DeviceModel:
+    """Cached ``DeviceModel`` for registry keys, with default assumptions."""
+    return DeviceModel(load_model(model), load_gpu(gpu), tp)
+
+
+def iteration_time(model: str | ModelSpec, gpu: str | GPUSpec, tp: int, batch: Batch,
+                   assumptions: DeviceAssumptions | None = None) -> float:
+    """Device time (seconds) of one iteration of ``batch`` on ``tp`` GPUs of ``gpu``.
+
+    ``model``/``gpu`` are registry keys (``qwen3-0.6b``, ``a100-sxm4-80gb``) or specs.
+
+    Raises:
+        CostModelError: unknown model or GPU, a TP degree the model cannot split, bad batch.
+    """
+    if isinstance(model, str) and isinstance(gpu, str) and assumptions is None:
+        dm = device_model(model, gpu, tp)
+    else:
+        m = load_model(model) if isinstance(model, str) else model
+        g = load_gpu(gpu) if isinstance(gpu, str) else gpu
+        dm = DeviceModel(m, g, tp, assumptions)
+    return dm.time(*batch_counts(batch))[0]
+
+
+def iteration_energy(model: str, gpu: str, tp: int, batch: Batch) -> float:
+    """Modelled energy (joules, all ``tp`` GPUs) of one iteration; see ``DeviceModel.power_w``."""
+    return device_model(model, gpu, tp).breakdown(batch).energy_j
+
+
+__all__ = [
+    "Batch", "Breakdown", "CostModelError", "DeviceAssumptions", "DeviceModel", "FittedCosts", "FittedDeviceModel",
+    "GPUSpec", "ModelSpec",
+    "batch_counts", "device_model", "iteration_energy", "iteration_time", "known_gpus", "known_models",
+    "kv_cache_blocks", "load_gpu", "load_model",
+]

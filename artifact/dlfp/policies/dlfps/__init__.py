@@ -1,0 +1,1 @@
+"""DLFP-S, this artifact's own completion-timed prefill controller (not the paper's)."""

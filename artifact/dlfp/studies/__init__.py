@@ -1,0 +1,1 @@
+"""Studies beyond the experiment matrix: sensitivity sweep, calibration of the CPU profile, simulator validation."""

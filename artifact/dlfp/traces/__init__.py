@@ -1,0 +1,20 @@
+"""Trial traces on disk: the four-file format, its validation and atomic writes (``dlfp.traces.format``)."""
+from dlfp.traces.format import (  # noqa: F401
+    FILES,
+    FORMAT_VERSION,
+    METADATA_KEYS,
+    TIME_UNITS_PER_S,
+    TIME_UNIT_LABEL,
+    TraceError,
+    Trial,
+    coerce,
+    empty_frame,
+    find_trials,
+    git_commit,
+    is_complete,
+    load_trial,
+    package_versions,
+    trial_dir,
+    validate,
+    write_trial,
+)

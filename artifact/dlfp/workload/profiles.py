@@ -1,0 +1,114 @@
+"""Derive the ``agent`` prompt-length quantile table from the public Mooncake trace.
+
+Usage (from the repository root)::
+
+    python -m dlfp.workload.profiles            # writes dlfp/data/agent_prompt_quantiles.json
+    python -m dlfp.workload.profiles --check    # exit 1 if the committed table differs
+
+Source: ``../shared/traces/mooncake_conversation_trace.jsonl`` = Mooncake
+FAST'25 release, ``FAST25-release/traces/conversation_trace.jsonl`` in
+kvcache-ai/Mooncake (Kimi production conversation service, Apache-2.0),
+column ``input_length`` (tokens), all 12,031 rows. Only the derived quantiles
+are committed, never the trace.
+
+Method: ``numpy.quantile`` (method ``linear``) of ``input_length`` at
+probabilities 0.00, 0.01, ..., 0.99 and 0.991, ..., 1.000 (the tail is
+finer because the distribution is heavy-tailed), rounded to 0.001 token.
+``dlfp.workload.generator`` samples from it by linear inverse-CDF interpolation.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from dlfp.workload.generator import AGENT_QUANTILES_PATH, REPO_ROOT, load_trace
+
+DEFAULT_TRACE = "../shared/traces/mooncake_conversation_trace.jsonl"
+SOURCE = ("Mooncake FAST'25 release, FAST25-release/traces/conversation_trace.jsonl in kvcache-ai/Mooncake "
+          "(Kimi production conversation service, Apache-2.0); column input_length; read from "
+          "../shared/traces/mooncake_conversation_trace.jsonl")
+
+
+def probability_grid() -> np.ndarray:
+    """The table's probabilities, shape (110,): 0.00..0.99 step 0.01, then 0.991..1.000 step 0.001."""
+    coarse = np.round(np.arange(100) / 100, 3)
+    fine = np.round(0.99 + np.arange(1, 11) / 1000, 3)
+    return np.concatenate([coarse, fine])
+
+
+def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE) -> dict:
+    """The quantile table of Mooncake ``input_length`` as a JSON-ready dict.
+
+    Keys: ``source``, ``trace_sha256``, ``rows``, ``column``, ``method``,
+    ``summary`` (median/mean/max), ``probabilities``, ``quantiles`` (tokens).
+
+    Raises:
+        dlfp.workload.generator.WorkloadError: the trace is missing or garbled.
+    """
+    rows = load_trace(trace_path, "mooncake")
+    x = np.array([r.input_length for r in rows], dtype=float)
+    p = probability_grid()
+    q = np.round(np.quantile(x, p, method="linear"), 3)
+    from dlfp.workload.generator import resolve_trace_path
+
+    digest = hashlib.sha256(resolve_trace_path(trace_path).read_bytes()).hexdigest()
+    return {
+        "source": SOURCE,
+        "trace_sha256": digest,
+        "rows": int(x.size),
+        "column": "input_length",
+        "method": "numpy.quantile(method='linear'), rounded to 0.001; sampled by linear inverse-CDF interpolation",
+        "summary": {"median": float(np.median(x)), "mean": round(float(x.mean()), 3), "max": float(x.max()),
+                    "min": float(x.min())},
+        "probabilities": [float(v) for v in p],
+        "quantiles": [float(v) for v in q],
+    }
+
+
+def write_json_atomic(obj: dict, path: Path) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dlfp.workload.profiles", description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=DEFAULT_TRACE, help=f"Mooncake JSONL (default {DEFAULT_TRACE}, "
+                    f"relative to {REPO_ROOT})")
+    ap.add_argument("--out", type=Path, default=AGENT_QUANTILES_PATH)
+    ap.add_argument("--check", action="store_true", help="compare with --out instead of writing")
+    a = ap.parse_args(argv)
+    try:
+        table = derive_agent_quantiles(a.trace)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.check:
+        try:
+            old = json.loads(a.out.read_text())
+        except (OSError, ValueError) as e:
+            print(f"error: cannot read {a.out}: {e}", file=sys.stderr)
+            return 2
+        same = old.get("probabilities") == table["probabilities"] and old.get("quantiles") == table["quantiles"]
+        print(f"{a.out}: {'matches' if same else 'DIFFERS FROM'} the trace ({table['rows']} rows)")
+        return 0 if same else 1
+    write_json_atomic(table, a.out)
+    s = table["summary"]
+    print(f"wrote {a.out}: {len(table['quantiles'])} quantiles from {table['rows']} rows "
+          f"(median {s['median']:.0f}, mean {s['mean']:.0f}, max {s['max']:.0f} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
