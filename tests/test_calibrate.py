@@ -30,7 +30,7 @@ def _synthetic_steps(rng, n=400):
     return pd.DataFrame(rows)
 
 
-def test_chunk_counts_hand_worked_and_match_cost_model():
+def test_chunk_counts_hand_worked_and_match_batch_counts():
     # a 4-token chunk after 10 cached: 4*10 + 4*5/2 = 50 pairs, reads 10; a decode at context 100 (99 cached +
     # itself): 100 pairs, reads 99.
     c = cal.chunk_counts([(4, 10, False), (1, 99, True)])
@@ -39,6 +39,23 @@ def test_chunk_counts_hand_worked_and_match_cost_model():
     assert (tok, samp, pairs, kv) == (c["tokens"], c["sampled"], c["attn_pairs"], c["kv_tokens"])
     with pytest.raises(cal.CalibrationError, match="new_tokens > 0"):
         cal.chunk_counts([(0, 5, True)])
+
+
+def test_step_chunks_classifies_what_the_scheduler_scheduled():
+    """The scheduler's per-step chunks, on stand-ins for vLLM requests (``num_computed_tokens`` already advanced)."""
+    from types import SimpleNamespace as R
+
+    from dlfp.studies.calibration.scheduler import step_chunks
+
+    requests = {
+        "first": R(num_computed_tokens=512, num_prompt_tokens=1000, num_tokens=1000),  # first chunk of 512
+        "last": R(num_computed_tokens=1000, num_prompt_tokens=1000, num_tokens=1000),  # final chunk: samples
+        "dec": R(num_computed_tokens=41, num_prompt_tokens=32, num_tokens=41),  # decode at context 41
+    }
+    chunks, sampled, npf, nd = step_chunks({"first": 512, "last": 488, "dec": 1}, requests)
+    assert chunks == [(512, 0, False), (488, 512, True), (1, 40, True)]
+    assert sampled == ["last", "dec"] and (npf, nd) == (2, 1)
+    assert cal.chunk_counts(chunks)["attn_pairs"] == 512 * 513 / 2 + (488 * 512 + 488 * 489 / 2) + 41
 
 
 def test_fit_recovers_known_parameters_exactly_without_noise():
@@ -228,7 +245,8 @@ def test_real_engine_grid_logs_exact_counts(tmp_path):
         "if __name__ == '__main__':\n"
         "    import json, sys\n"
         "    from dlfp.studies import calibration as c\n"
-        f"    m = c.run_grid([c.Phase('decode', 2, 16, 3)], repeats=1, run_dir={str(tmp_path / 'rd')!r}, progress=False)\n"
+        f"    m = c.run_grid([c.Phase('decode', 2, 16, 3)], repeats=1, run_dir={str(tmp_path / 'rd')!r},\n"
+        "                   progress=False)\n"
         "    st = m['steps']; st = st[st['repeat'] == 0]\n"
         "    print(json.dumps({'kinds': st['kind'].tolist(), 'tokens': st['tokens'].tolist(),\n"
         "        'pairs': st['attn_pairs'].tolist(), 'n_tok': len(m['tokens']), 'ingest': len(m['ingest'])}))\n")

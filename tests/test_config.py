@@ -4,8 +4,9 @@ import copy
 import pytest
 import yaml
 
-from dlfp.policies import base as ctl
-from dlfp.config import ConfigError, ExperimentConfig, build_policy, list_experiments, load_experiment
+from dlfp import policies as ctl
+from dlfp.config import ConfigError, ExperimentConfig, PolicyConfig, build_policy, list_experiments, load_experiment
+from dlfp.policies.registry import POLICIES
 
 BASE = {
     "name": "toy",
@@ -214,3 +215,61 @@ def test_config_path_that_is_a_directory(tmp_path):
     with pytest.raises(ConfigError) as ei:
         load_experiment(d)
     assert str(ei.value) == f"experiment config {d} is a directory, not a YAML file"
+
+
+def test_policy_name_comes_from_the_registry(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["arms"]["dlfp"] = {"policy": "pid"}
+    with pytest.raises(ConfigError, match=r"field arms\.dlfp\.policy: unknown policy 'pid'; known: dlfp, dlfps, fixed, "
+                                          r"nocap$"):
+        load_experiment(write(tmp_path, data))
+    for name, entry in POLICIES.items():  # every entry builds from its config fields alone
+        pc = PolicyConfig(policy=name, cap=512 if "cap" in entry.cls.config_fields else None)
+        pol = build_policy(pc)
+        assert type(pol) is entry.cls and pol.name == name
+
+
+@pytest.mark.parametrize("options,loc,msg", [
+    ({"forgetting": 1.5}, "forgetting", "Input should be less than or equal to 1"),
+    ({"min_samples": 2.0}, "min_samples", "Input should be a valid integer"),
+    ({"use_estimator": 1}, "use_estimator", "Input should be a valid boolean"),
+    ({"tail_margin": True}, "tail_margin", "expected a number, got the boolean True"),
+    ({"nope": 1}, "nope", "Extra inputs are not permitted"),
+])
+def test_dlfps_options_are_typed_and_named(tmp_path, options, loc, msg):
+    data = copy.deepcopy(BASE)
+    data["arms"]["dlfps"] = {"policy": "dlfps", "options": options}
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(write(tmp_path, data))
+    assert str(ei.value) == f"{tmp_path / 'toy.yaml'}: field arms.dlfps.options.{loc}: {msg}"
+
+
+def test_options_of_a_policy_without_options_are_rejected(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["arms"]["dlfp"] = {"policy": "dlfp", "options": {"ttft_slo_s": 2.0}}
+    with pytest.raises(ConfigError, match=r"field arms\.dlfp\.options\.ttft_slo_s: Extra inputs are not permitted"):
+        load_experiment(write(tmp_path, data))
+
+
+def test_the_experiment_slo_reaches_the_policies_that_take_it(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["arms"]["dlfps"] = {"policy": "dlfps", "options": {"use_estimator": False}}
+    data["arms"]["own-slo"] = {"policy": "dlfps", "options": {"ttft_slo_s": 7.5}}
+    cfg = load_experiment(write(tmp_path, data))
+    # slo.ttft_s = 2.0 is filled in first, the arm's own options follow; an arm's own value wins
+    assert list(cfg.arms["dlfps"].options.items()) == [("ttft_slo_s", 2.0), ("use_estimator", False)]
+    assert cfg.arms["own-slo"].options == {"ttft_slo_s": 7.5}
+    assert cfg.arms["dlfp"].options == {} and cfg.arms["baseline"].options == {}
+    assert build_policy(cfg.arms["dlfps"]).ttft_slo_s == 2.0
+    # the filled value is part of the resolved config, so overrides keep it (as a written one would be)
+    assert cfg.with_overrides({"slo.ttft_s": 4.0}).arms["dlfps"].options["ttft_slo_s"] == 2.0
+    # a config built in Python gets it too
+    assert ExperimentConfig.model_validate(cfg.model_dump()).arms["dlfps"].options["ttft_slo_s"] == 2.0
+
+
+def test_require_arm(tmp_path):
+    cfg = load_experiment(write(tmp_path, BASE))
+    assert cfg.require_arm("dlfp") is cfg.arms["dlfp"]
+    with pytest.raises(ConfigError) as ei:
+        cfg.require_arm("dlfps")
+    assert str(ei.value) == "experiment 'toy' has no arm 'dlfps'; arms: ['baseline', 'dlfp']"

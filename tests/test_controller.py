@@ -7,7 +7,9 @@ Law (paper defaults: target 80 ms, initial cap 3072, clamp [1024, 6144], quantum
 import numpy as np
 import pytest
 
-from dlfp.policies.base import DLFP, SIGNALS, FixedCap, NoCap, Observation, Policy, decisions_frame, quantize
+from dlfp.policies.base import SIGNALS, Observation, Policy, decisions_frame, quantize
+from dlfp.policies.baselines import FixedCap, NoCap
+from dlfp.policies.dlfp import DLFP
 
 
 def guarded(i, interval, cap, *, prefill=512, decodes=4, device=None):

@@ -1,4 +1,4 @@
-"""DLFP-S (dlfp.policies.dlfps.controller): estimator, feasibility and TTFT guards on hand-built iterations.
+"""DLFP-S (dlfp.policies.dlfps): estimator, feasibility and TTFT guards on hand-built iterations.
 
 Every expected cap below is worked out by hand in the comments from the
 iteration-time law fed in (no timing is measured).
@@ -11,7 +11,7 @@ import pytest
 
 from dlfp.config import PolicyConfig, build_policy
 from dlfp.policies.base import Observation
-from dlfp.policies.dlfps.controller import (
+from dlfp.policies.dlfps import (
     DEFAULT_OPTIONS,
     DLFPS,
     TAIL_GRID,
@@ -358,3 +358,15 @@ def test_build_policy_passes_options_and_params_list_them():
     assert set(DEFAULT_OPTIONS) <= set(params)
     with pytest.raises(ValueError, match="nope"):
         PolicyConfig(policy="dlfps", options={"nope": 1})
+
+
+def test_bad_option_message_is_one_line():
+    with pytest.raises(ValueError) as ei:
+        DLFPS(forgetting=0.0)
+    assert str(ei.value) == "dlfps option forgetting: Input should be greater than 0"
+    with pytest.raises(ValueError) as ei:
+        DLFPS(bogus=1)
+    assert str(ei.value) == f"dlfps option bogus: unknown option; known: {', '.join(DEFAULT_OPTIONS)}"
+    with pytest.raises(ValueError) as ei:
+        DLFPS(tail_min_samples=10, tail_window=5)
+    assert str(ei.value) == "dlfps options: tail_min_samples=10 is larger than tail_window=5"

@@ -7,8 +7,9 @@ import pytest
 
 from dlfp.devices import roofline as cm
 from dlfp.backends.emu.device import (CostModelDeviceTime, DeviceRecord, EmuBatch, EmulatedDevice, HostCosts,
-                                  LinearDeviceTime, device_time_fn_from_spec, token_id)
-from dlfp.backends.sim.runner import token_ids as sim_token_ids
+                                  LinearDeviceTime, device_time_fn_from_spec)
+from dlfp.traces.token_ids import token_id
+from dlfp.traces.token_ids import token_ids as sim_token_ids
 
 
 def test_batch_counts_and_linear_model_by_hand():

@@ -1,4 +1,4 @@
-"""The shipped experiment configs: they validate, match the paper's table (issue 7), and record every unstated choice."""
+"""The shipped experiment configs: they validate, match the paper's table, and record every unstated choice."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlfp.policies import base as ctl
+from dlfp import policies as ctl
 from dlfp.config import EXPERIMENTS_DIR, build_policy, list_experiments, load_experiment
 from dlfp.paths import PACKAGE_DIR
 from dlfp.workload.generator import resolve_trace_path
@@ -16,7 +16,7 @@ MODELS = yaml.safe_load((PKG / "models" / "qwen3.yaml").read_text())
 GPUS = yaml.safe_load((PKG / "hardware" / "gpus.yaml").read_text())
 SHARED = Path(__file__).parents[1].parent / "shared"
 
-# Issue 7's table: name -> (model, tp, rate req/s or None = our choice, measured requests)
+# The paper's table of experiments: name -> (model, tp, rate req/s or None = our choice, measured requests)
 PAPER_TABLE = {
     "qwen3-0.6b-tp1": ("qwen3-0.6b", 1, 1.0, 100),
     "qwen3-0.6b-tp2": ("qwen3-0.6b", 2, 1.0, 100),
@@ -40,7 +40,7 @@ def _get(cfg, dotted: str):
     return node
 
 
-def test_every_experiment_of_the_issue_ships():
+def test_every_experiment_of_the_paper_table_ships():
     assert set(PAPER_TABLE) | set(TRACE_ROWS) | {"cpu-tiny"} <= set(ALL)
 
 
@@ -61,7 +61,7 @@ def test_config_validates_and_is_consistent(name):
     assert wl.vocab_size == arch["vocab_size"]
     assert cfg.seeds == [801, 802, 803]
     assert cfg.arms[cfg.baseline_arm].policy == "nocap"
-    # the paper's two arms, plus DLFP-S (issue 8) and its ablations
+    # the paper's two arms, plus DLFP-S (this artifact's controller) and its ablations
     assert {"baseline", "dlfp"} <= set(cfg.arms)
     assert all(a.startswith("dlfps") and cfg.arms[a].policy == "dlfps" for a in set(cfg.arms) - {"baseline", "dlfp"})
     # every assumption that names a config field states the value the config actually uses

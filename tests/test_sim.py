@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from dlfp.policies import base as ctl
+from dlfp import policies as ctl
 from dlfp.devices import roofline as cm
 from dlfp.backends.sim import HostCosts, SimEngine
 

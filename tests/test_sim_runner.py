@@ -6,6 +6,7 @@ import pytest
 
 from dlfp.config import ConfigError, ExperimentConfig
 from dlfp.backends.sim import runner as sim
+from dlfp.traces.token_ids import token_ids
 from dlfp.traces.format import METADATA_KEYS, load_trial, write_trial
 
 
@@ -47,8 +48,8 @@ def test_arms_emit_identical_tokens_and_all_requests_finish():
 
 def test_token_ids_hand_checked():
     # splitmix64 finaliser over blake2b(request_id) + index * golden ratio, mod vocab: stable across arms/backends
-    ids = sim.token_ids(np.array(["r0001", "r0001", "r0002"]), np.array([0, 1, 0]), 151936)
-    again = sim.token_ids(np.array(["r0002", "r0001"]), np.array([0, 1]), 151936)
+    ids = token_ids(np.array(["r0001", "r0001", "r0002"]), np.array([0, 1, 0]), 151936)
+    again = token_ids(np.array(["r0002", "r0001"]), np.array([0, 1]), 151936)
     assert ids[2] == again[0] and ids[1] == again[1] and ids[0] != ids[1]
 
 

@@ -82,7 +82,7 @@ def test_same_seed_same_instance_different_seed_differs():
 def test_fingerprint_sees_one_token_and_one_arrival():
     from dataclasses import replace
 
-    from dlfp.workload.generator import WorkloadInstance, _fingerprint
+    from dlfp.workload.requests import WorkloadInstance, fingerprint as _fingerprint
 
     inst = make_workload(fixed(num_requests=5, num_warmup=0), 3)
     assert _fingerprint(inst.requests) == inst.fingerprint

@@ -18,28 +18,24 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from dlfp.policies import base as ctl
-
 from dlfp.paths import EXPERIMENTS_DIR
+from dlfp.policies.base import Policy, reject_bool
+from dlfp.policies.dlfp import (PAPER_GAIN, PAPER_INITIAL_CAP, PAPER_MAX_CAP, PAPER_MIN_CAP, PAPER_QUANTUM,
+                                PAPER_TARGET_S)
+from dlfp.policies.registry import POLICIES, policies_taking, policy_entry
 
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the file and the field."""
 
 
-def _no_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError(f"expected a number, got the boolean {v}")
-    return v
-
-
 #: An int field that rejects booleans (``num_requests: true`` is a typo, not 1).
-Int = Annotated[int, BeforeValidator(_no_bool)]
+Int = Annotated[int, BeforeValidator(reject_bool)]
 #: A float field that rejects booleans; non-finite values are rejected model-wide (``allow_inf_nan=False``).
-Float = Annotated[float, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(reject_bool)]
 
 #: Experiment and arm names become directory names under ``--out``: no path separators, no ``..``.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -137,29 +133,70 @@ class Workload(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """One arm's prefill policy. ``policy`` names the class in ``dlfp.policies.base``."""
+    """One arm's prefill policy.
 
-    policy: Literal["nocap", "fixed", "dlfp", "dlfps"]
+    ``policy`` is a name in ``dlfp.policies.registry.POLICIES``; the fields the
+    policy's class lists in ``config_fields`` are passed to it (``cap`` only to
+    ``fixed``; ``target_s`` .. ``gain`` default to the paper's constants), and
+    ``options`` is checked by the policy's options model (none for nocap, fixed
+    and dlfp). ``options`` is kept as written, so the resolved config records
+    only what the arm set (plus values filled in from the experiment's SLO).
+    """
+
+    policy: str
     signal: Literal["host_cadence", "device_completion"] = "host_cadence"
     cap: Int | None = Field(default=None, gt=0, description="for policy=fixed")
-    target_s: Float = Field(default=ctl.PAPER_TARGET_S, gt=0)
-    initial_cap: Int = ctl.PAPER_INITIAL_CAP
-    min_cap: Int = ctl.PAPER_MIN_CAP
-    max_cap: Int = ctl.PAPER_MAX_CAP
-    quantum: Int = ctl.PAPER_QUANTUM
-    gain: Float = Field(default=ctl.PAPER_GAIN, gt=0)
-    options: dict[str, Any] = Field(default_factory=dict, description="extra policy options (dlfps)")
+    target_s: Float = Field(default=PAPER_TARGET_S, gt=0)
+    initial_cap: Int = PAPER_INITIAL_CAP
+    min_cap: Int = PAPER_MIN_CAP
+    max_cap: Int = PAPER_MAX_CAP
+    quantum: Int = PAPER_QUANTUM
+    gain: Float = Field(default=PAPER_GAIN, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict, description="policy options, checked by its options model")
+
+    @field_validator("policy")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        policy_entry(v)
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _valid_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "policy" in info.data:  # else the unknown policy is the error reported
+            policy_entry(info.data["policy"]).options.model_validate(v)
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "PolicyConfig":
-        if self.policy == "fixed" and self.cap is None:
-            raise ValueError("cap is required when policy=fixed")
-        if self.policy != "fixed" and self.cap is not None:
-            raise ValueError(f"cap is only used when policy=fixed (policy={self.policy}); remove it")
-        if self.policy in ("dlfp", "dlfps"):
-            # Constructing the controller runs its own checks (clamp, quantum).
-            build_policy(self)
+        takes_cap = "cap" in policy_entry(self.policy).cls.config_fields
+        if takes_cap and self.cap is None:
+            raise ValueError(f"cap is required when policy={self.policy}")
+        if not takes_cap and self.cap is not None:
+            users = "/".join(policies_taking("cap"))
+            raise ValueError(f"cap is only used when policy={users} (policy={self.policy}); remove it")
+        build_policy(self)  # constructing the policy runs its own checks (clamp, quantum)
         return self
+
+
+def _fill_slo_options(arm: Any, slo: "SLO") -> Any:
+    """``arm`` (raw mapping or PolicyConfig) with the SLO values its policy takes added to ``options``.
+
+    Values the arm's options already set are kept; anything malformed is
+    returned unchanged for field validation to report.
+    """
+    if isinstance(arm, PolicyConfig):
+        arm = arm.model_dump()
+    if not isinstance(arm, dict) or not isinstance(arm.get("policy"), str) or arm["policy"] not in POLICIES:
+        return arm
+    options = arm.get("options", {})
+    if not isinstance(options, dict):
+        return arm
+    wanted = POLICIES[arm["policy"]].slo_options
+    filled = {opt: getattr(slo, fld) for opt, fld in wanted.items() if opt not in options}
+    if not filled:
+        return arm
+    return {**arm, "options": {**filled, **options}}  # SLO values first, as the configs used to write them
 
 
 class ExperimentConfig(_Strict):
@@ -198,6 +235,24 @@ class ExperimentConfig(_Strict):
             check_plain_name(k)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _slo_to_policies(cls, data: Any) -> Any:
+        """Pass the experiment's SLO to the arms whose policy takes it (registry ``slo_options``).
+
+        E.g. every ``dlfps`` arm gets ``options.ttft_slo_s = slo.ttft_s`` unless
+        it sets ``ttft_slo_s`` itself. Runs before field validation, so the
+        filled value is validated and recorded like a written one; a missing or
+        invalid ``slo`` fills nothing (its own field error is reported).
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("arms"), dict):
+            return data
+        try:
+            slo = SLO.model_validate(data.get("slo"))
+        except ValidationError:
+            return data
+        return {**data, "arms": {name: _fill_slo_options(arm, slo) for name, arm in data["arms"].items()}}
+
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
         if self.baseline_arm not in self.arms:
@@ -205,6 +260,16 @@ class ExperimentConfig(_Strict):
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be distinct, got {self.seeds}")
         return self
+
+    def require_arm(self, arm: str) -> PolicyConfig:
+        """The config of arm ``arm``.
+
+        Raises:
+            ConfigError: the experiment has no such arm (lists its arms).
+        """
+        if arm not in self.arms:
+            raise ConfigError(f"experiment {self.name!r} has no arm {arm!r}; arms: {sorted(self.arms)}")
+        return self.arms[arm]
 
     def with_overrides(self, overrides: dict[str, Any] | None) -> "ExperimentConfig":
         """A copy with dotted-key overrides applied, e.g. ``{"workload.num_requests": 10}``.
@@ -263,30 +328,14 @@ def validation_message(e: ValidationError) -> str:
     return f"field {loc}: {msg.splitlines()[0] if msg else msg}"
 
 
-def build_policy(pc: PolicyConfig) -> ctl.Policy:
-    """Construct the policy object an arm describes.
+def build_policy(pc: PolicyConfig) -> Policy:
+    """Construct the policy object an arm describes: its registry class, given its ``config_fields`` and options.
 
     Raises:
-        ValueError: invalid controller parameters (message names the value).
+        ValueError: unknown policy or invalid controller parameters (message names the value).
     """
-    if pc.policy == "nocap":
-        return ctl.NoCap(signal=pc.signal)
-    if pc.policy == "fixed":
-        return ctl.FixedCap(pc.cap, signal=pc.signal)  # type: ignore[arg-type]
-    kw = dict(
-        target_s=pc.target_s,
-        initial_cap=pc.initial_cap,
-        min_cap=pc.min_cap,
-        max_cap=pc.max_cap,
-        quantum=pc.quantum,
-        gain=pc.gain,
-        signal=pc.signal,
-    )
-    if pc.policy == "dlfp":
-        return ctl.DLFP(**kw)
-    from dlfp.policies.dlfps import controller as controller_s  # DLFP-S, this artifact's controller
-
-    return controller_s.DLFPS(**kw, **pc.options)
+    cls = policy_entry(pc.policy).cls
+    return cls(**{name: getattr(pc, name) for name in cls.config_fields}, **pc.options)
 
 
 def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:

@@ -1,4 +1,7 @@
-"""Host-side costs of vLLM's engine loop (seconds), as named parameters.
+"""Host-side costs of vLLM's engine loop (seconds), as named parameters: the one ``HostCosts`` of every backend.
+
+The simulator charges every field; the emulator runs vLLM's real scheduler and output path on this CPU, so it
+charges only the model-runner fields (input preparation, kernel launch, sampler launch).
 
 These are assumptions with a stated reason, not fitted to the DLFP paper.
 Every cost is host CPU time on the EngineCore thread unless noted.
@@ -7,6 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import Callable
+
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class HostCosts:
         for f in fields(self):
             v = getattr(self, f.name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"field backend_options.sim.host.{f.name}: must be a finite non-negative number, got {v!r}")
+                raise ValueError(f"field backend_options.sim.host.{f.name}: must be a finite non-negative number, got "
+                                 f"{v!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,3 +79,28 @@ class HostCosts:
         if bad:
             raise ValueError(f"field backend_options.sim.host.{bad[0]}: unknown; known: {', '.join(sorted(known))}")
         return cls(**d)
+
+    def prep_s(self, num_requests: int, num_tokens: int) -> float:
+        """Input preparation (s) of a batch of ``num_requests`` requests and ``num_tokens`` tokens."""
+        return self.prep_base_s + self.prep_per_req_s * num_requests + self.prep_per_token_s * num_tokens
+
+    def launch_rule(self, num_layers: int, kernels_per_layer: int) -> Callable[[int, int], float]:
+        """The kernel-launch time (s) of a model with ``num_layers`` layers of ``kernels_per_layer`` kernels.
+
+        Returns ``launch(num_tokens, num_prefills) -> seconds``: ``launch_graph_s`` for a FULL CUDA graph,
+        ``launch_piecewise_per_layer_s * num_layers`` for piecewise graphs, ``launch_eager_per_kernel_s *
+        num_layers * kernels_per_layer`` eagerly. The rule follows vLLM 0.17.1's CUDA-graph modes
+        (``vllm/config/compilation.py``): a decode-only batch of at most ``cudagraph_max_tokens`` tokens replays
+        one FULL graph; a mixed batch of at most that many tokens runs PIECEWISE graphs (attention launched
+        eagerly between pieces); a larger batch runs eagerly. This is the only place the rule is written.
+        """
+        graph = self.launch_graph_s
+        piecewise = self.launch_piecewise_per_layer_s * num_layers
+        eager = self.launch_eager_per_kernel_s * num_layers * kernels_per_layer
+        gmax = self.cudagraph_max_tokens
+
+        def launch(num_tokens: int, num_prefills: int) -> float:
+            if num_tokens <= gmax:
+                return graph if num_prefills == 0 else piecewise
+            return eager
+        return launch

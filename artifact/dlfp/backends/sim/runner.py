@@ -14,7 +14,6 @@ produced it has finished on the host plus the frontend delay (``HostCosts.fronte
 """
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from typing import Callable, Sequence
 
@@ -24,7 +23,9 @@ import pandas as pd
 from dlfp.devices import roofline as cm
 from dlfp.config import ConfigError, ExperimentConfig, build_policy
 from dlfp.backends.sim import HostCosts, SimEngine
-from dlfp.traces.format import FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, package_versions
+from dlfp.traces.format import (FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit,
+                               package_versions)
+from dlfp.traces.token_ids import token_ids
 
 @lru_cache(maxsize=1)
 def _provenance() -> tuple[dict, str]:
@@ -89,21 +90,6 @@ def check_requests(cfg: ExperimentConfig, requests: Sequence, num_gpu_blocks: in
                           f"tokens ({num_gpu_blocks} blocks), too small for one request of {longest} tokens")
 
 
-def token_ids(request_ids: np.ndarray, index: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Deterministic token ids (int64, shape of ``index``), the same in every arm and backend.
-
-    ``request_ids``: one string per token; ``index``: token index within its request.
-    """
-    uniq, inv = np.unique(request_ids, return_inverse=True)
-    seeds = np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=8).digest(), "little")
-                      for u in uniq], dtype=np.uint64)
-    z = seeds[inv] + index.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z % np.uint64(vocab_size)).astype(np.int64)
-
-
 def _workload(cfg: ExperimentConfig, seed: int):
     from dlfp.workload.generator import make_workload
 
@@ -120,8 +106,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
         ValueError: unknown arm.
         ConfigError: see ``build_engine_parts`` and ``check_requests``.
     """
-    if arm not in cfg.arms:
-        raise ValueError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    cfg.require_arm(arm)
     model, gpu, dm, host, blocks = build_engine_parts(cfg)
     wi = workload if workload is not None else _workload(cfg, seed)
     reqs = wi.requests
@@ -168,7 +153,8 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
                              "device time; idle_w between iterations; summed over tp GPUs, t = 0 .. last token",
                    "busy_joules": float(res.busy_energy_j), "span_s": float(res.end_s)},
         "clock": "sim",
-        "sim": {"host_costs": host.as_dict(), "device_assumptions": {k: getattr(dm.a, k) for k in dm.a.__dataclass_fields__},
+        "sim": {"host_costs": host.as_dict(),
+                "device_assumptions": {k: getattr(dm.a, k) for k in dm.a.__dataclass_fields__},
                 "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
                 "num_schedule_calls": res.num_schedule_calls, "model": {"key": model.key, "source": model.source}},
     }

@@ -97,24 +97,39 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(r)
 
-    def schedule(self, now: float, policy):
-        running = self.running
+    def schedule(self, now: float, policy) -> tuple[list[tuple], int | None]:
+        """``Scheduler.schedule()``: running requests first (decodes and chunked prefills), then waiting ones.
+
+        Returns ``(entries, cap)``: ``(request, new_tokens, computed_before, is_decode, sampled)`` per scheduled
+        request, and the policy's prefill cap for this iteration (``None``: uncapped).
+        """
+        cap = self._prefill_cap(now, policy)
+        pcap = cap if cap is not None else 1 << 62
+        entries: list[tuple] = []
+        budget, pcap, preempted = self._schedule_running(entries, self.budget, pcap)
+        if not preempted:
+            self._schedule_waiting(entries, budget, pcap)
+        return self._update_after_schedule(entries), cap
+
+    def _prefill_cap(self, now: float, policy) -> int | None:
+        """Ask the policy for the cap, given the decodes running and the oldest request still without a token."""
         ndec = 0
         oldest = self.waiting[0] if self.waiting else None
-        for r in running:  # inlined SimRequest.in_decode()
+        for r in self.running:  # inlined SimRequest.in_decode()
             c = r.computed
             if c >= r.P and c + 1 >= r.P + r.out + r.ph:
                 ndec += 1
             elif r.out == 0 and (oldest is None or r.arrival < oldest.arrival):
                 oldest = r  # mid-prefill, still without a first token
         if oldest is None:
-            cap = policy.prefill_cap(ndec, now_s=now)
-        else:
-            cap = policy.prefill_cap(ndec, now_s=now, oldest_waiting_s=now - oldest.arrival,
-                                     oldest_remaining_tokens=max(0, oldest.P - oldest.computed))
-        pcap = cap if cap is not None else 1 << 62
-        budget = self.budget
-        entries = []
+            return policy.prefill_cap(ndec, now_s=now)
+        return policy.prefill_cap(ndec, now_s=now, oldest_waiting_s=now - oldest.arrival,
+                                  oldest_remaining_tokens=max(0, oldest.P - oldest.computed))
+
+    def _schedule_running(self, entries: list, budget: int, pcap: int) -> tuple[int, int, bool]:
+        """Running requests in order, within the token budget and the prefill cap; preempt from the back when
+        KV blocks run out. Returns the budget and cap left and whether anything was preempted."""
+        running = self.running
         preempted = False
         i = 0
         asy = self.async_
@@ -154,37 +169,44 @@ class Scheduler:
             if not dec:
                 pcap -= n
             i += 1
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and pcap > 0:
-                if len(running) == self.max_num_seqs:
-                    break
-                r = waiting[0]
-                n = r.P + r.out - r.computed
-                if n > budget:
-                    n = budget
-                if n > pcap:
-                    n = pcap
-                need = self._need(r, n)
-                if need > self.free_blocks:
-                    break
-                waiting.popleft()
-                self.free_blocks -= need
-                r.blocks += need
-                r.status = RUNNING
-                running.append(r)
-                entries.append((r, n, r.computed, False))
-                budget -= n
-                pcap -= n
-        # _update_after_schedule (+ AsyncScheduler placeholders)
+        return budget, pcap, preempted
+
+    def _schedule_waiting(self, entries: list, budget: int, pcap: int) -> None:
+        """Admit waiting requests (FCFS) while budget, cap, ``max_num_seqs`` and KV blocks allow."""
+        waiting, running = self.waiting, self.running
+        while waiting and budget > 0 and pcap > 0:
+            if len(running) == self.max_num_seqs:
+                break
+            r = waiting[0]
+            n = r.P + r.out - r.computed
+            if n > budget:
+                n = budget
+            if n > pcap:
+                n = pcap
+            need = self._need(r, n)
+            if need > self.free_blocks:
+                break
+            waiting.popleft()
+            self.free_blocks -= need
+            r.blocks += need
+            r.status = RUNNING
+            running.append(r)
+            entries.append((r, n, r.computed, False))
+            budget -= n
+            pcap -= n
+
+    def _update_after_schedule(self, entries: list) -> list[tuple]:
+        """``_update_after_schedule`` (+ the AsyncScheduler's output placeholders): advance computed tokens and
+        mark which entries sample a token."""
         out = []
+        asy = self.async_
         for r, n, c, dec in entries:
             r.computed = c + n
             samples = r.computed >= r.P + r.out + r.ph
             if samples and asy:
                 r.ph += 1
             out.append((r, n, c, dec, samples))
-        return out, cap
+        return out
 
     def finish(self, r: SimRequest) -> None:
         """Free a finished request's blocks and drop it from the queues."""

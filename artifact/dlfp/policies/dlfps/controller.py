@@ -1,6 +1,6 @@
-"""DLFP-S: a completion-timed, self-checking prefill-cap controller (issue 8).
+"""DLFP-S: a completion-timed, self-checking prefill-cap controller (this artifact's, not the paper's).
 
-Same ``Policy`` interface as :class:`dlfp.policies.base.DLFP` (``prefill_cap`` /
+Same ``Policy`` interface as :class:`dlfp.policies.dlfp.DLFP` (``prefill_cap`` /
 ``observe`` / ``decisions`` / ``params``), no offline profiling and no
 per-model constants. It answers the three failure causes the DLFP paper
 (arXiv v1, 2026-09-29) names, with four parts that can each be switched off:
@@ -8,55 +8,26 @@ per-model constants. It answers the three failure causes the DLFP paper
 1. **Signal** (``signal``, default ``"device_completion"``): the controller
    reads the completed device time of each iteration
    (``Observation.device_time_s``), not the scheduler-call cadence.
-2. **Model-free online estimate** (``use_estimator``): recursive least squares
-   (RLS) with exponential forgetting fits ``T = a + b * prefill_tokens + c *
-   num_decodes`` (seconds) online. While the fit is *reliable* (at least
+2. **Model-free online estimate** (``use_estimator``): the RLS fit of
+   :mod:`dlfp.policies.dlfps.estimator`. While the fit is *reliable* (at least
    ``min_samples`` samples, per-token slope ``b > 0``, forgetting-weighted RMS
    of the relative a-priori prediction error <= ``max_rel_error``) the cap
    jumps straight to the largest multiple of ``quantum`` whose predicted
    iteration time meets ``target_s`` for the current number of decodes,
    clamped to ``[min_cap, max_cap]`` (``min_cap`` when even that is predicted
    over the target). Otherwise DLFP's proportional law
-   (:meth:`dlfp.policies.base.DLFP.next_cap`) is the fallback.
-3. **Feasibility** (``use_feasibility``): a counterfactual *tail check* decides
-   whether to cap at all. Chunking must never make ITL worse, and whether it
-   does depends on how often stalls happen, not only on how long one is: a
-   cap turns one long stall into several shorter ones, which lowers the
-   decode-gap P99 when stalls already hold more than 1 % of the gaps and raises
-   it when they hold less (then the P99 sits on plain decode steps and the
-   extra medium-length gaps push it up).
-
-   Every decode-carrying iteration gives each of its ``d`` decoding streams
-   one inter-token gap equal to its interval, so the per-token gap
-   distribution is the distribution of iteration times weighted by
-   ``num_decodes``. The controller keeps the last ``tail_window``
-   iterations and, every ``tail_check_every`` decode-carrying iterations,
-   rebuilds from the *same* window the gap distribution the engine would have
-   produced under a prefill limit ``L`` (:func:`counterfactual_gaps`):
-   decode-only iterations are kept; each maximal run of consecutive mixed
-   iterations (``P`` prefill tokens, excess device time ``E`` over the median
-   decode-only step ``t0``, ``D`` decode-slots over ``k`` iterations) becomes
-   ``n = ceil(P / L)`` iterations of ``t0 + E / n`` seconds with ``D / k``
-   decodes each: prefill cost is spread linearly over the chunks. ``L`` is the
-   candidate cap, or for "no cap" the largest prefill chunk seen in any
-   iteration (the engine's own token budget). Both sides are rebuilt by the
-   same model, so its bias cancels, and both come from the same arrivals, so
-   load drift between periods does not enter (the flaw of comparing a capped
-   period with an uncapped one). The cap is used only if it lowers the
-   ``tail_quantile`` gap by more than ``tail_margin`` *and* is not worse (by
-   more than ``tail_margin``) at any quantile whose tail mass lies between
-   ``tail_band`` times larger and smaller (P98 to P99.5 for P99 with the
-   default 2; ``TAIL_GRID`` quantiles evenly spaced in log tail mass): the
-   controller sees warm-ups and a finite window, so the tail mass it measures
-   is uncertain by about that factor, and a decision that flips inside that
-   band is a coin toss (the P99 knife-edge). Otherwise the controller stands
-   down (no cap). The first decision waits for ``tail_min_samples`` decode
-   gaps (uncapped "reference" phase; default ``10 / (1 - 0.99) = 1000``,
-   about ten gaps beyond the P99); later checks run every
-   ``tail_check_every`` gaps. While uncapped, every mixed iteration of at
-   least ``min_cap`` prefill tokens counts for the proportional law as a
-   cycle run at a cap equal to its prefill, so the cap the check weighs is
-   the target's, not the initial one.
+   (:meth:`dlfp.policies.dlfp.DLFP.next_cap`) is the fallback.
+3. **Feasibility** (``use_feasibility``): the counterfactual tail check of
+   :mod:`dlfp.policies.dlfps.tail` decides whether to cap at all. The
+   controller keeps the last ``tail_window`` iterations and, every
+   ``tail_check_every`` decode gaps, compares the window's rebuilt
+   decode-gap tail under the candidate cap with the one under no cap; it caps
+   only while the cap wins, else it stands down (no cap). The first decision
+   waits for ``tail_min_samples`` decode gaps (uncapped "reference" phase;
+   default ``10 / (1 - 0.99) = 1000``, about ten gaps beyond the P99). While
+   uncapped, every mixed iteration of at least ``min_cap`` prefill tokens
+   counts for the proportional law as a cycle run at a cap equal to its
+   prefill, so the cap the check weighs is the target's, not the initial one.
    The check keeps running while stood down, so capping resumes as soon as
    the rebuilt tail says it helps; no blind re-probing is needed.
 
@@ -69,14 +40,8 @@ per-model constants. It answers the three failure causes the DLFP paper
    tail check catches the case where it does not (Qwen3-8B at 0.10 req/s).
 4. **TTFT guard** (``use_ttft_guard``, needs ``ttft_slo_s``): when the oldest
    waiting request would otherwise miss its TTFT SLO, ``prefill_cap`` grants a
-   larger chunk. If the backend passes ``oldest_remaining_tokens`` (its
-   remaining prompt tokens) the guard picks the smallest quantised chunk
-   ``c`` in ``(cap, max_cap]`` with ``ceil(R / c) * T(c) <= slack``
-   (``T`` from the estimate when reliable, else ``target_s * c / cap``), or
-   no cap if none fits. Without it the guard grants ``max_cap`` once the
-   request has used ``ttft_guard_frac`` of its SLO. The guard never acts once
-   the SLO has already been missed (``slack <= 0``): the request fails anyway
-   and a bigger chunk would only stall the decoding streams.
+   larger chunk (:mod:`dlfp.policies.dlfps.guard`); the iteration time of a
+   chunk comes from the estimate when reliable, else ``target_s * chunk / cap``.
 
 Decision reasons (``Decision.reason``), one per ``observe`` call:
 ``reference`` (initial uncapped phase), ``stood_down``, ``stand_down_tail``,
@@ -88,13 +53,6 @@ guard-granted chunk: the proportional law is not applied to it),
 still move with the refreshed estimate).
 
 Times are seconds; caps and prefill sizes are tokens.
-
-History: the first version compared the P99 of the last capped window with
-that of an uncapped window from another period (the reference phase or a
-stand-down) and re-probed blindly with back-off; on the simulator that test
-was dominated by load differences between the two periods (a start-up burst
-in the reference made any cap look better) and left Qwen3-0.6B at +60..330 %
-P99 ITL. The counterfactual band check replaced it.
 """
 from __future__ import annotations
 
@@ -102,244 +60,31 @@ import math
 from collections import deque
 from typing import Any
 
-import numpy as np
-
-from dlfp.policies.base import (
+from dlfp.policies.base import Observation, check_count
+from dlfp.policies.dlfp import (
+    DLFP,
     PAPER_GAIN,
     PAPER_INITIAL_CAP,
     PAPER_MAX_CAP,
     PAPER_MIN_CAP,
     PAPER_QUANTUM,
     PAPER_TARGET_S,
-    DLFP,
-    Observation,
-    _check_count,
 )
-
-# Regressor scaling for numerical conditioning only (the fit is invariant to it
-# apart from the weak prior): prefill tokens / 1000, decodes / 100.
-_P_SCALE = 1000.0
-_D_SCALE = 100.0
-_PRIOR_VAR = 1.0e4  # initial RLS covariance diagonal: a weak prior
-_MAX_TRACE = 1.0e8  # covariance trace bound: stops forgetting-induced windup
-
-ESTIMATOR_SAMPLES = ("prefill", "guarded", "all")
-
-#: Option name -> default. See :class:`DLFPS` for meanings.
-DEFAULT_OPTIONS: dict[str, Any] = {
-    "use_estimator": True,
-    "use_feasibility": True,
-    "use_ttft_guard": True,
-    "ttft_slo_s": None,
-    "forgetting": 0.95,
-    "min_samples": 8,
-    "max_rel_error": 0.15,
-    "estimator_samples": "prefill",
-    "infeasible_stand_down": False,
-    "infeasible_after": 3,
-    "tail_quantile": 0.99,
-    "tail_band": 2.0,
-    "tail_margin": 0.05,
-    "tail_window": 20000,
-    "tail_min_samples": 1000,
-    "tail_check_every": 100,
-    "ttft_guard_frac": 0.5,
-}
-
-
-
-def _opt_bool(name: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"dlfps option {name} must be true or false, got {v!r}")
-    return v
-
-
-def _opt_int(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"dlfps option {name} must be an integer >= {lo}, got {v!r}")
-    return v
-
-
-def _opt_float(name: str, v: Any, lo: float, hi: float, lo_open: bool, hi_open: bool) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        f = float("nan")
-    ok = (
-        not isinstance(v, bool)
-        and math.isfinite(f)
-        and (f > lo if lo_open else f >= lo)
-        and (f < hi if hi_open else f <= hi)
-    )
-    if not ok:
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
-        raise ValueError(f"dlfps option {name} must be a number in {lb}{lo}, {hi}{rb}, got {v!r}")
-    return f
-
-
-class RLSEstimator:
-    """Recursive least squares with exponential forgetting for ``T = a + b*p + c*d``.
-
-    ``p`` is prefill tokens, ``d`` decodes, ``T`` seconds. ``forgetting`` is
-    the per-sample factor ``lambda`` in (0, 1] (memory ~ 1/(1-lambda)
-    samples). The covariance trace is bounded (forgetting is skipped when it
-    would exceed ``1e8``) so that directions no sample excites do not blow up.
-
-    ``rel_error`` is the forgetting-weighted RMS of the relative a-priori
-    error ``(T - T_hat) / T`` over the samples after the first three (before
-    that the three-parameter fit is under-determined and its predictions say
-    nothing about reliability); ``nan`` until then.
-    """
-
-    def __init__(self, forgetting: float = 0.95) -> None:
-        self.lam = float(forgetting)
-        self.theta = [0.0, 0.0, 0.0]
-        self.P = [[_PRIOR_VAR if i == j else 0.0 for j in range(3)] for i in range(3)]
-        self.n = 0
-        self._err_s = 0.0
-        self._err_w = 0.0
-
-    @staticmethod
-    def _x(p: float, d: float) -> list[float]:
-        return [1.0, p / _P_SCALE, d / _D_SCALE]
-
-    @property
-    def coef(self) -> tuple[float, float, float]:
-        """``(a [s], b [s/prefill token], c [s/decode])`` in natural units."""
-        return (self.theta[0], self.theta[1] / _P_SCALE, self.theta[2] / _D_SCALE)
-
-    @property
-    def rel_error(self) -> float:
-        return math.sqrt(self._err_s / self._err_w) if self._err_w > 0 else float("nan")
-
-    def predict(self, p: float, d: float) -> float:
-        """Predicted iteration time (s) for ``p`` prefill tokens and ``d`` decodes."""
-        x = self._x(p, d)
-        return sum(t * xi for t, xi in zip(self.theta, x))
-
-    def update(self, p: float, d: float, t: float) -> None:
-        """Add one sample: ``p`` prefill tokens, ``d`` decodes, ``t`` seconds (> 0)."""
-        x = self._x(p, d)
-        P = self.P
-        Px = [sum(P[i][j] * x[j] for j in range(3)) for i in range(3)]
-        xPx = sum(x[i] * Px[i] for i in range(3))
-        err = t - sum(th * xi for th, xi in zip(self.theta, x))
-        if self.n >= 3:
-            r = err / t
-            self._err_s = self.lam * self._err_s + r * r
-            self._err_w = self.lam * self._err_w + 1.0
-        trace = sum(P[i][i] for i in range(3))
-        lam = self.lam if trace / self.lam <= _MAX_TRACE else 1.0
-        denom = lam + xPx
-        k = [v / denom for v in Px]
-        self.theta = [th + ki * err for th, ki in zip(self.theta, k)]
-        newP = [[(P[i][j] - k[i] * Px[j]) / lam for j in range(3)] for i in range(3)]
-        for i in range(3):  # keep it symmetric against round-off
-            for j in range(i + 1, 3):
-                m = 0.5 * (newP[i][j] + newP[j][i])
-                newP[i][j] = newP[j][i] = m
-        self.P = newP
-        self.n += 1
-
-
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    """Lower weighted quantile: smallest ``v`` with cumulative weight >= ``q`` * total.
-
-    Raises:
-        ValueError: empty input or non-positive total weight.
-    """
-    total = float(sum(weights))
-    if not values or total <= 0:
-        raise ValueError("weighted_quantile needs at least one sample with positive weight")
-    pairs = sorted(zip(values, weights))
-    need = q * total
-    acc = 0.0
-    for v, w in pairs:
-        acc += w
-        if acc >= need - 1e-12 * total:
-            return v
-    return pairs[-1][0]
-
-
-def counterfactual_gaps(entries, limit: float) -> tuple[np.ndarray, np.ndarray]:
-    """Decode-gap distribution a window of iterations would have had under prefill limit ``limit``.
-
-    Args:
-        entries: sequence of ``(prefill_tokens, num_decodes, interval_s)`` in
-            iteration order (any iterations; ``num_decodes == 0`` ones give no
-            gap and end a mixed run).
-        limit: prefill tokens allowed per mixed iteration (> 0).
-
-    Returns:
-        ``(values_s, weights)``, float arrays of equal shape (m,): each
-        decode-only iteration as it was (weight = its decodes) and, for each
-        maximal run of consecutive mixed iterations with ``P`` prefill tokens,
-        ``k`` iterations, ``D`` decode-slots and excess time ``E = sum(max(t -
-        t0, 0))``, one entry ``t0 + E / n`` with weight ``n * D / k`` where
-        ``n = max(1, ceil(P / limit))``. ``t0`` is the median decode-only
-        interval, or the smallest mixed interval when the window has no
-        decode-only iteration. Empty arrays when no iteration has decodes.
-
-    Raises:
-        ValueError: ``limit`` not positive.
-    """
-    if not limit > 0:
-        raise ValueError(f"counterfactual_gaps: limit must be positive, got {limit!r}")
-    a = np.asarray(entries, dtype=float).reshape(-1, 3)
-    p, d, t = a[:, 0], a[:, 1], a[:, 2]
-    dec = (p == 0) & (d > 0)
-    mixed = (p > 0) & (d > 0)
-    if not (dec.any() or mixed.any()):
-        return np.zeros(0), np.zeros(0)
-    t0 = float(np.median(t[dec])) if dec.any() else float(t[mixed].min())
-    vals, wts = [t[dec]], [d[dec]]
-    if mixed.any():
-        run = np.cumsum(~mixed)[mixed]  # run id: constant over consecutive mixed iterations
-        _, inv = np.unique(run, return_inverse=True)
-        P = np.bincount(inv, weights=p[mixed])
-        E = np.bincount(inv, weights=np.maximum(t[mixed] - t0, 0.0))
-        D = np.bincount(inv, weights=d[mixed])
-        k = np.bincount(inv).astype(float)
-        n = np.maximum(1.0, np.ceil(P / float(limit) - 1e-9))
-        vals.append(t0 + E / n)
-        wts.append(n * D / k)
-    return np.concatenate(vals), np.concatenate(wts)
-
-
-def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
-    """:func:`weighted_quantile` at several ``qs`` at once (lower weighted quantile).
-
-    Raises:
-        ValueError: empty input or non-positive total weight.
-    """
-    v = np.asarray(values, dtype=float)
-    w = np.asarray(weights, dtype=float)
-    total = float(w.sum())
-    if v.size == 0 or total <= 0:
-        raise ValueError("weighted_quantiles needs at least one sample with positive weight")
-    order = np.argsort(v, kind="stable")
-    cw = np.cumsum(w[order])
-    out = []
-    for q in qs:
-        i = int(np.searchsorted(cw, q * total - 1e-12 * total, side="left"))
-        out.append(float(v[order][min(i, v.size - 1)]))
-    return out
-
+from dlfp.policies.dlfps.estimator import RLSEstimator
+from dlfp.policies.dlfps.guard import guard_chunk
+from dlfp.policies.dlfps.options import DEFAULT_OPTIONS, DLFPSOptions
+from dlfp.policies.dlfps.tail import compare_tails, tail_quantiles
 
 _CAPPED, _STOOD_DOWN, _REFERENCE = "capped", "stood_down", "reference"
-
-#: Number of quantiles the tail check compares across its band (odd: the middle one is tail_quantile).
-TAIL_GRID = 17
 
 
 class DLFPS(DLFP):
     """DLFP-S: completion-timed DLFP with online estimate, feasibility and TTFT guards.
 
-    Args (the first seven as :class:`dlfp.policies.base.DLFP`; paper defaults):
+    Args (the first seven as :class:`dlfp.policies.dlfp.DLFP`; paper defaults):
         target_s, initial_cap, min_cap, max_cap, quantum, gain: as DLFP.
         signal: ``"device_completion"`` (default) or ``"host_cadence"`` (ablation).
-        **options (see ``DEFAULT_OPTIONS``):
+        **options (checked by :class:`dlfp.policies.dlfps.options.DLFPSOptions`):
             use_estimator (True): RLS estimate + jump; False = proportional only.
             use_feasibility (True): counterfactual tail check (reference phase,
                 stand-down, resume); False = always cap, never stand down.
@@ -387,41 +132,24 @@ class DLFPS(DLFP):
         **options: Any,
     ) -> None:
         super().__init__(target_s, initial_cap, min_cap, max_cap, quantum, gain, signal)
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown dlfps option(s) {unknown}; known: {sorted(DEFAULT_OPTIONS)}")
-        o = {**DEFAULT_OPTIONS, **options}
-        self.use_estimator = _opt_bool("use_estimator", o["use_estimator"])
-        self.use_feasibility = _opt_bool("use_feasibility", o["use_feasibility"])
-        self.use_ttft_guard = _opt_bool("use_ttft_guard", o["use_ttft_guard"])
-        self.ttft_slo_s = (
-            None if o["ttft_slo_s"] is None else _opt_float("ttft_slo_s", o["ttft_slo_s"], 0, math.inf, True, True)
-        )
-        self.forgetting = _opt_float("forgetting", o["forgetting"], 0, 1, True, False)
-        self.min_samples = _opt_int("min_samples", o["min_samples"], 3)
-        self.max_rel_error = _opt_float("max_rel_error", o["max_rel_error"], 0, math.inf, True, True)
-        if o["estimator_samples"] not in ESTIMATOR_SAMPLES:
-            raise ValueError(
-                f"dlfps option estimator_samples must be one of {ESTIMATOR_SAMPLES}, got {o['estimator_samples']!r}"
-            )
-        self.estimator_samples = o["estimator_samples"]
-        self.infeasible_stand_down = _opt_bool("infeasible_stand_down", o["infeasible_stand_down"])
-        self.infeasible_after = _opt_int("infeasible_after", o["infeasible_after"], 1)
-        self.tail_quantile = _opt_float("tail_quantile", o["tail_quantile"], 0, 1, True, True)
-        self.tail_band = _opt_float("tail_band", o["tail_band"], 1, math.inf, False, True)
-        if (1 - self.tail_quantile) * self.tail_band >= 1:
-            raise ValueError(
-                f"dlfps option tail_band={self.tail_band} is too wide for tail_quantile={self.tail_quantile}"
-            )
-        self.tail_margin = _opt_float("tail_margin", o["tail_margin"], 0, 1, False, True)
-        self.tail_window = _opt_int("tail_window", o["tail_window"], 1)
-        self.tail_min_samples = _opt_int("tail_min_samples", o["tail_min_samples"], 1)
-        if self.tail_min_samples > self.tail_window:
-            raise ValueError(
-                f"dlfps option tail_min_samples={self.tail_min_samples} is larger than tail_window={self.tail_window}"
-            )
-        self.tail_check_every = _opt_int("tail_check_every", o["tail_check_every"], 1)
-        self.ttft_guard_frac = _opt_float("ttft_guard_frac", o["ttft_guard_frac"], 0, 1, True, True)
+        o = DLFPSOptions.from_options(options)
+        self.use_estimator = o.use_estimator
+        self.use_feasibility = o.use_feasibility
+        self.use_ttft_guard = o.use_ttft_guard
+        self.ttft_slo_s = o.ttft_slo_s
+        self.forgetting = o.forgetting
+        self.min_samples = o.min_samples
+        self.max_rel_error = o.max_rel_error
+        self.estimator_samples = o.estimator_samples
+        self.infeasible_stand_down = o.infeasible_stand_down
+        self.infeasible_after = o.infeasible_after
+        self.tail_quantile = o.tail_quantile
+        self.tail_band = o.tail_band
+        self.tail_margin = o.tail_margin
+        self.tail_window = o.tail_window
+        self.tail_min_samples = o.tail_min_samples
+        self.tail_check_every = o.tail_check_every
+        self.ttft_guard_frac = o.ttft_guard_frac
 
         self.estimator = RLSEstimator(self.forgetting)
         self.mode = _REFERENCE if self.use_feasibility else _CAPPED
@@ -494,9 +222,9 @@ class DLFPS(DLFP):
         ``oldest_remaining_tokens`` (optional) its prompt tokens still to prefill.
 
         Raises:
-            ValueError: negative or non-integer ``num_decoding``.
+            ValueError: negative or non-integer ``num_decoding`` or ``oldest_remaining_tokens``.
         """
-        _check_count("num_decoding", num_decoding)
+        check_count("num_decoding", num_decoding)
         if num_decoding == 0 or self.mode != _CAPPED:
             return None
         cap = self._target_cap(num_decoding)
@@ -507,6 +235,7 @@ class DLFPS(DLFP):
         return granted
 
     def _iter_time(self, chunk: int, base_cap: int, num_decoding: int) -> float:
+        """Iteration time (s) of a ``chunk``-token prefill: the estimate, else ``target_s * chunk / base_cap``."""
         if self.estimate_reliable:
             return max(self.predict_s(chunk, num_decoding), 1e-9)
         return self.target_s * chunk / base_cap
@@ -514,79 +243,34 @@ class DLFPS(DLFP):
     def _ttft_guard(
         self, cap: int, num_decoding: int, waited: float | None, remaining: int | None
     ) -> int | None:
+        """The chunk granted instead of ``cap`` (``cap`` when the guard is off or has no SLO or wait time)."""
         if not self.use_ttft_guard or self.ttft_slo_s is None or waited is None:
             return cap
-        slack = self.ttft_slo_s - waited
-        if slack <= 0:  # already missed: a bigger chunk cannot save it
-            return cap
-        if remaining is None:
-            if waited >= self.ttft_guard_frac * self.ttft_slo_s:
-                return max(cap, self.max_cap)
-            return cap
-        _check_count("oldest_remaining_tokens", remaining)
-        if remaining == 0:
-            return cap
-
-        def need(c: int) -> float:
-            return math.ceil(remaining / c) * self._iter_time(c, cap, num_decoding)
-
-        if need(cap) <= slack:
-            return cap
-        c = cap + self.quantum
-        while c <= self.max_cap:
-            if need(c) <= slack:
-                return c
-            c += self.quantum
-        return None
+        return guard_chunk(
+            cap, slo_s=self.ttft_slo_s, waited_s=waited, remaining=remaining, guard_frac=self.ttft_guard_frac,
+            quantum=self.quantum, max_cap=self.max_cap,
+            iter_time_s=lambda chunk: self._iter_time(chunk, cap, num_decoding),
+        )
 
     # ------------------------------------------------------------------ tail check
     def tail_quantiles(self) -> tuple[float, ...]:
-        """The quantiles the tail check compares, ascending, shape (TAIL_GRID,).
-
-        Tail masses ``m * band ** x`` for ``x`` evenly spaced from 1 down to -1
-        (``m = 1 - tail_quantile``), i.e. from ``1 - m * band`` to ``1 - m /
-        band``; the middle one is ``tail_quantile``. With ``tail_band = 1``
-        just ``(tail_quantile,)``.
-        """
-        m = 1.0 - self.tail_quantile
-        if self.tail_band == 1.0:
-            return (self.tail_quantile,)
-        xs = np.linspace(1.0, -1.0, TAIL_GRID)
-        qs = [1.0 - m * self.tail_band**x for x in xs]
-        qs[TAIL_GRID // 2] = self.tail_quantile
-        return tuple(float(q) for q in qs)
+        """The quantiles the tail check compares (:func:`dlfp.policies.dlfps.tail.tail_quantiles`)."""
+        return tail_quantiles(self.tail_quantile, self.tail_band)
 
     def tail_check(self, limit: int) -> bool:
         """True when capping at ``limit`` tokens beats no cap on the rebuilt window tail.
 
-        Rebuilds the window under ``limit`` and under the largest prefill chunk
-        seen (:func:`counterfactual_gaps`) and compares the quantiles of
-        :meth:`tail_quantiles`: the cap must be lower than no cap by more than
-        ``tail_margin`` at ``tail_quantile`` and not higher by more than
-        ``tail_margin`` at every other one. False when the window has no gap or
-        no prefill chunk larger than ``limit`` was ever seen (a cap that never
-        binds cannot help). Stores the numbers in ``last_tail``.
+        No cap is the largest prefill chunk seen; see
+        :func:`dlfp.policies.dlfps.tail.compare_tails`. Stores the numbers
+        compared in ``last_tail`` (``None`` when there was nothing to compare).
         """
-        none_limit = self._max_prefill
-        if not self._window or none_limit <= limit:
-            self.last_tail = None
-            return False
-        qs = self.tail_quantiles()
-        cv, cw = counterfactual_gaps(self._window, limit)
-        uv, uw = counterfactual_gaps(self._window, none_limit)
-        if cv.size == 0 or cw.sum() <= 0:
-            self.last_tail = None
-            return False
-        qc = weighted_quantiles(cv, cw, qs)
-        qu = weighted_quantiles(uv, uw, qs)
-        self.last_tail = {"quantiles": qs, "capped": qc, "uncapped": qu, "limit": limit, "no_cap_limit": none_limit}
-        m = self.tail_margin
-        mid = qs.index(self.tail_quantile)
-        better = qc[mid] < qu[mid] * (1.0 - m)
-        no_worse = all(c <= u * (1.0 + m) for c, u in zip(qc, qu))
-        return bool(better and no_worse)
+        wins, self.last_tail = compare_tails(
+            self._window, limit, self._max_prefill, self.tail_quantiles(), self.tail_quantile, self.tail_margin
+        )
+        return wins
 
     def _typical_decodes(self) -> int:
+        """Median decodes of the window's mixed iterations (1 if none): the decodes a candidate cap is sized for."""
         ds = [d for p, d, _ in self._window if p > 0 and d > 0]
         if not ds:
             return 1
@@ -599,22 +283,28 @@ class DLFPS(DLFP):
         return self._over_at_min >= self.infeasible_after
 
     # ------------------------------------------------------------------ observe
-    def _wants_sample(self, obs: Observation) -> bool:
-        if self.estimator_samples == "all":
-            return obs.prefill_tokens > 0 or obs.num_decodes > 0
-        if self.estimator_samples == "guarded":
-            return obs.guarded
-        return obs.prefill_tokens > 0
-
-    def _current_cap(self) -> int | None:
-        return self.cap if self.mode == _CAPPED else None
-
     def observe(self, obs: Observation) -> None:
         """Learn from one iteration, run the guards, and log a ``Decision``.
 
         Raises:
             ValueError: a guarded iteration (in the capped mode) without the
                 ``signal`` interval, or with a non-positive or non-finite one.
+        """
+        iv = self._usable_interval(obs)
+        before = self._current_cap()
+        granted = obs.guarded and obs.cap in self._grants and (self.cap is None or obs.cap > self.cap)
+        if granted:
+            self._grants.remove(obs.cap)
+        self._learn(obs, iv, granted)
+        if self.use_feasibility and self._feasibility_step(obs, before):
+            return
+        self._update_cap(obs, iv, before, granted)
+
+    def _usable_interval(self, obs: Observation) -> float | None:
+        """The ``signal`` interval (seconds) of ``obs``; ``None`` when unknown or unusable on an unguarded iteration.
+
+        Raises:
+            ValueError: see ``observe``.
         """
         iv = obs.interval(self.signal)
         if iv is not None and not (math.isfinite(iv) and iv > 0):
@@ -628,12 +318,21 @@ class DLFPS(DLFP):
                 f"guarded iteration {obs.iteration} has no {self.signal} interval: backends must "
                 f"call observe() once the {self.signal} signal is known"
             )
-        before = self._current_cap()
-        granted = obs.guarded and obs.cap in self._grants and (self.cap is None or obs.cap > self.cap)
-        if granted:
-            self._grants.remove(obs.cap)
+        return iv
 
-        # 1. learn (every qualifying iteration with a known interval, any mode)
+    def _current_cap(self) -> int | None:
+        return self.cap if self.mode == _CAPPED else None
+
+    def _wants_sample(self, obs: Observation) -> bool:
+        """Whether ``obs`` feeds the RLS fit under ``estimator_samples``."""
+        if self.estimator_samples == "all":
+            return obs.prefill_tokens > 0 or obs.num_decodes > 0
+        if self.estimator_samples == "guarded":
+            return obs.guarded
+        return obs.prefill_tokens > 0
+
+    def _learn(self, obs: Observation, iv: float | None, granted: bool) -> None:
+        """Feed an iteration with a known interval to the fit, the tail window and the counters (any mode)."""
         if iv is not None and self.use_estimator and self._wants_sample(obs):
             self.estimator.update(obs.prefill_tokens, obs.num_decodes, iv)
         self._max_prefill = max(self._max_prefill, int(obs.prefill_tokens))
@@ -650,32 +349,34 @@ class DLFPS(DLFP):
             at_min = self.cap == self.min_cap and (obs.cap is None or obs.cap <= self.min_cap)
             self._over_at_min = self._over_at_min + 1 if (at_min and iv > self.target_s) else 0
 
-        # 2. feasibility: the counterfactual tail check (and, optionally, the target's feasibility)
-        if self.use_feasibility:
-            due = self._gaps >= self.tail_min_samples and (
-                self.mode == _REFERENCE or self._since_check >= self.tail_check_every
-            )
-            if due:
-                self._since_check = 0
-                self.num_checks += 1
-                infeasible = self.infeasible_stand_down and self._infeasible(obs)
-                want = (not infeasible) and self.tail_check(self._target_cap(self._typical_decodes()))
-                if want and self.mode != _CAPPED:
-                    self.mode = _CAPPED
-                    self._over_at_min = 0
-                    if self.estimate_reliable:
-                        self.cap = self._target_cap(max(obs.num_decodes, 1))
-                    self._record(obs, before, self.cap, "resume")
-                    return
-                if not want and self.mode != _STOOD_DOWN:
-                    self.mode = _STOOD_DOWN
-                    self._record(obs, before, None, "stand_down_infeasible" if infeasible else "stand_down_tail")
-                    return
-            if self.mode != _CAPPED:
-                self._record(obs, None, None, "reference" if self.mode == _REFERENCE else "stood_down")
-                return
+    def _feasibility_step(self, obs: Observation, before: int | None) -> bool:
+        """Run the tail check when due and switch modes; True when it logged this iteration's decision."""
+        due = self._gaps >= self.tail_min_samples and (
+            self.mode == _REFERENCE or self._since_check >= self.tail_check_every
+        )
+        if due:
+            self._since_check = 0
+            self.num_checks += 1
+            infeasible = self.infeasible_stand_down and self._infeasible(obs)
+            want = (not infeasible) and self.tail_check(self._target_cap(self._typical_decodes()))
+            if want and self.mode != _CAPPED:
+                self.mode = _CAPPED
+                self._over_at_min = 0
+                if self.estimate_reliable:
+                    self.cap = self._target_cap(max(obs.num_decodes, 1))
+                self._record(obs, before, self.cap, "resume")
+                return True
+            if not want and self.mode != _STOOD_DOWN:
+                self.mode = _STOOD_DOWN
+                self._record(obs, before, None, "stand_down_infeasible" if infeasible else "stand_down_tail")
+                return True
+        if self.mode != _CAPPED:
+            self._record(obs, None, None, "reference" if self.mode == _REFERENCE else "stood_down")
+            return True
+        return False
 
-        # 3. cap update (capped mode)
+    def _update_cap(self, obs: Observation, iv: float | None, before: int | None, granted: bool) -> None:
+        """Capped mode: move the cap by the estimate or the proportional law, and log the decision."""
         if self.estimate_reliable:
             self.cap = self._target_cap(max(obs.num_decodes, 1))
             reason = "ttft_guard" if granted else ("estimate" if obs.guarded else "unguarded")
@@ -692,12 +393,4 @@ class DLFPS(DLFP):
         return {**super().params(), **opts}
 
 
-__all__ = [
-    "DEFAULT_OPTIONS",
-    "DLFPS",
-    "ESTIMATOR_SAMPLES",
-    "RLSEstimator",
-    "counterfactual_gaps",
-    "weighted_quantile",
-    "weighted_quantiles",
-]
+__all__ = ["DLFPS"]
