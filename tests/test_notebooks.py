@@ -76,7 +76,8 @@ def test_figures_notebook_from_cached_traces(tmp_path):
         t.tokens.loc[t.tokens["index"] >= 2, "time_s"] += 0.020
         write_trial(Trial(t.requests, t.tokens, t.iterations, dict(t.metadata, backend="emu")), traces)
     # Section 9 data: validate-sim's error table (real = the sim trials, "sim" = their emu twins).
-    real = {(p.parts[-2], int(p.parts[-1][5:])): load_trial(p) for p in find_trials(traces, backend="sim", experiment=EXP)}
+    real = {(p.parts[-2], int(p.parts[-1][5:])): load_trial(p)
+            for p in find_trials(traces, backend="sim", experiment=EXP)}
     twin = {k: load_trial(trial_dir(traces, "emu", EXP, *k)) for k in real}
     (results / "fidelity").mkdir(parents=True)
     error_table(real, twin).to_csv(results / "fidelity" / "errors.csv", index=False)
@@ -116,7 +117,8 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     for _, r in sve.iterrows():
         sim = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "sim", EXP, r["arm"], s))[0] for s in (801, 802, 803)])
         emu = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "emu", EXP, r["arm"], s))[0] for s in (801, 802, 803)])
-        assert r["p99_itl_ms_sim"] == pytest.approx(sim, abs=5e-4) and r["p99_itl_ms_emu"] == pytest.approx(emu, abs=5e-4)
+        assert r["p99_itl_ms_sim"] == pytest.approx(sim, abs=5e-4)
+        assert r["p99_itl_ms_emu"] == pytest.approx(emu, abs=5e-4)
         assert r["p99_itl_rel_diff_pct"] == pytest.approx(100 * (sim / emu - 1), abs=0.005)
         assert r["p99_itl_within_10pct"] == ("yes" if abs(sim / emu - 1) <= 0.10 else "no")
     # 8. no trial has the dlfps arm: said in the tables' place.
@@ -125,8 +127,10 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     # 9. the fidelity table is read from validate-sim's CSV; the missing figures are named in their place.
     fid = pd.read_csv(results / "fidelity_errors.csv")
     r = fid[(fid["arm"] == "baseline") & (fid["metric"] == "itl_p99")].iloc[0]
-    real_ms = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "sim", EXP, "baseline", s))[0] for s in (801, 802, 803)])
-    assert r["real_ms"] == pytest.approx(real_ms, abs=5e-4) and r["error_pct"] == pytest.approx(100 * 20 / real_ms, abs=0.005)
+    real_ms = np.mean([_p99_itl_ms_and_ttft_ms(trial_dir(traces, "sim", EXP, "baseline", s))[0]
+                       for s in (801, 802, 803)])
+    assert r["real_ms"] == pytest.approx(real_ms, abs=5e-4)
+    assert r["error_pct"] == pytest.approx(100 * 20 / real_ms, abs=0.005)
     text = json.dumps([c.get("outputs") for c in nbformat.read(nb, as_version=4).cells])
     assert "NO DATA: ITL CDFs: real engine vs simulator not found" in text
     assert "NO DATA: calibration residuals not found" in text
@@ -135,7 +139,8 @@ def test_figures_notebook_from_cached_traces(tmp_path):
 
 
 def test_run_all_on_the_simulator(tmp_path):
-    pytest.importorskip("dlfp.backends.sim.runner", reason="simulator backend dlfp.backends.sim.runner is not installed yet")
+    pytest.importorskip("dlfp.backends.sim.runner",
+                        reason="simulator backend dlfp.backends.sim.runner is not installed yet")
     traces, results = tmp_path / "traces", tmp_path / "results"
     small = {"workload.num_requests": 5, "backend_options.frontier_caps": [1024], "arms": TWO_ARMS}
     res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results,
@@ -184,9 +189,9 @@ def test_controller_notebook_runs_on_cached_traces(tmp_path):
     traces = tmp_path / "traces"
     write_fake_experiment(traces, EXP, seeds=(801,))
     out = tmp_path / "controller.ipynb"
-    pipeline._execute(pipeline.notebooks_dir() / "controller.ipynb", out,
-                      dict(traces_dir=str(traces), backend="sim", experiment=EXP, arm="dlfp", seed=801),
-                      progress_env=False)
+    pipeline.execute_notebook(pipeline.notebooks_dir() / "controller.ipynb", out,
+                              dict(traces_dir=str(traces), backend="sim", experiment=EXP, arm="dlfp", seed=801),
+                              progress_env=False)
     assert _errors(out) == []
     text = json.dumps([c.get("outputs") for c in nbformat.read(out, as_version=4).cells])
     assert "1 trial(s) of qwen3-0.6b-tp1/dlfp/seed 801" in text
@@ -196,6 +201,6 @@ def test_controller_notebook_runs_on_cached_traces(tmp_path):
 
 def test_failed_notebook_is_kept_and_named(tmp_path):
     with pytest.raises(pipeline.PipelineError, match="failed.ipynb"):
-        pipeline._execute(pipeline.notebooks_dir() / "controller.ipynb", tmp_path / "c.ipynb",
-                          dict(traces_dir=str(tmp_path / "missing")), progress_env=False)
+        pipeline.execute_notebook(pipeline.notebooks_dir() / "controller.ipynb", tmp_path / "c.ipynb",
+                                  dict(traces_dir=str(tmp_path / "missing")), progress_env=False)
     assert (tmp_path / "c.failed.ipynb").exists() and not (tmp_path / "c.ipynb").exists()

@@ -239,14 +239,16 @@ def test_progress_reports_requests_done_of_total(tmp_path, monkeypatch):
 
 
 def test_resolve_backend(monkeypatch):
+    from dlfp.pipeline import plan
+
     monkeypatch.delenv(pipeline.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(pipeline, "gpu_present", lambda: False)
-    monkeypatch.setattr(pipeline, "vllm_present", lambda: True)
+    monkeypatch.setattr(plan, "gpu_present", lambda: False)
+    monkeypatch.setattr(plan, "software_present", lambda backend: True)
     assert pipeline.resolve_backend(None) == "sim"
     assert pipeline.resolve_backend("auto") == "sim"
-    monkeypatch.setattr(pipeline, "gpu_present", lambda: True)
+    monkeypatch.setattr(plan, "gpu_present", lambda: True)
     assert pipeline.resolve_backend("auto") == "vllm"
-    monkeypatch.setattr(pipeline, "vllm_present", lambda: False)
+    monkeypatch.setattr(plan, "software_present", lambda backend: backend.name == "sim")  # no vLLM installed
     assert pipeline.resolve_backend("auto") == "sim"
     monkeypatch.setenv(pipeline.BACKEND_ENV, "emu")
     assert pipeline.resolve_backend(None) == "emu"
@@ -254,6 +256,20 @@ def test_resolve_backend(monkeypatch):
     assert pipeline.resolve_backend("sim") == "sim"  # an explicit flag beats the environment
     with pytest.raises(pipeline.PipelineError, match="'gpu'"):
         pipeline.resolve_backend("gpu")
+
+
+def test_auto_choice_is_registry_data():
+    from dlfp.backends import REGISTRY, Backend, get_backend, register
+
+    assert pipeline.software_present(get_backend("sim"))  # needs nothing beyond the base install
+    assert [b.name for b in REGISTRY.values() if b.auto == "default"] == [pipeline.auto_backend(gpu=False)]
+    fields = dict(runner="x", parallel_safe=False, real_time=False, needs_gpu=False, hardware_matched=False,
+                  modelled_outputs=False, frontier_by_default=False, description="x", requires=())
+    with pytest.raises(ValueError, match="auto='sometimes'"):
+        register(Backend("new", auto="sometimes", **fields))
+    with pytest.raises(ValueError, match="already auto='default'"):
+        register(Backend("new", auto="default", **fields))
+    assert "new" not in REGISTRY
 
 
 def test_parse_overrides():
@@ -320,7 +336,9 @@ def test_cli_unknown_experiment_is_one_line_exit_2(capsys):
 
 def test_cli_run_all_rejects_unknown_experiment_before_running(capsys, monkeypatch):
     ran = []
-    monkeypatch.setattr(pipeline, "execute_experiment_notebook", lambda *a, **k: ran.append(a))
+    from dlfp.pipeline import execute
+
+    monkeypatch.setattr(execute, "execute_experiment_notebook", lambda *a, **k: ran.append(a))
     assert main(["run-all", "--backend", "sim", "--experiments", EXP, "nope-exp"]) == 2
     assert ran == []
     assert "nope-exp" in capsys.readouterr().err
@@ -429,7 +447,7 @@ def test_ctrl_c_stops_parallel_trials_and_keeps_completed_ones(tmp_path):
             for seed in (801, 802, 803, 804, 805) for arm in ("baseline", "dlfp")]
     run = pipeline.ExperimentRun(config=cfg, backend="sim", traces_dir=tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        pipeline._run_parallel(cfg, "sim", tmp_path, todo, 1, run, _InterruptingBar())
+        pipeline.run_parallel(cfg, "sim", tmp_path, todo, 1, run, _InterruptingBar())
     assert mp.active_children() == []  # the worker was terminated and reaped, not left running
     done = find_trials(tmp_path)
     assert 1 <= len(done) <= 3  # the finished trial, plus at most the one running and the one queued

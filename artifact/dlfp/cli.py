@@ -48,15 +48,15 @@ def _err(msg: str) -> None:
 # --------------------------------------------------------------------------- list
 
 
-@command("list", "list the shipped experiments")
+@command("list", "list the shipped experiments and the backends")
 def _list(p: argparse.ArgumentParser) -> Handler:
     def run(args: argparse.Namespace) -> int:
+        from dlfp.backends import REGISTRY
         from dlfp.config import ConfigError, list_experiments, load_experiment
 
         names = list_experiments()
         if not names:
             print("(no experiments shipped)")
-            return 0
         for n in names:
             try:
                 c = load_experiment(n)
@@ -66,6 +66,9 @@ def _list(p: argparse.ArgumentParser) -> Handler:
                       f"seeds={','.join(map(str, c.seeds))}{'  ' + ' '.join(only) if only else ''}")
             except ConfigError as e:
                 print(f"{n:34s} INVALID: {e}")
+        print("\nbackends (--backend):")
+        for b in REGISTRY.values():
+            print(f"  {b.name:6s} {b.description}")
         return 0
     return run
 
@@ -85,15 +88,21 @@ def seed_arg(text: str) -> int:
 
 
 def _backend_arg(p: argparse.ArgumentParser) -> None:
+    from dlfp.backends import BACKENDS
+
     p.add_argument("--backend", default=None,
-                   help="auto (default; $DLFP_BACKEND overrides), sim, emu or vllm")
+                   help=f"auto (default; $DLFP_BACKEND overrides), {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]} "
+                        "(see `dlfp list`)")
 
 
 def _frontier_arg(p: argparse.ArgumentParser) -> None:
+    from dlfp.backends import REGISTRY
+
+    cheap = " and ".join(b.name for b in REGISTRY.values() if b.frontier_by_default)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--frontier", dest="frontier", action="store_true", default=None,
                    help="also run the fixed-cap arms fixed-<cap> of backend_options.frontier_caps "
-                        "(default: on for the sim backend only)")
+                        f"(default: on for the {cheap} backend only)")
     g.add_argument("--no-frontier", dest="frontier", action="store_false", help="skip the fixed-cap arms")
 
 
@@ -134,7 +143,8 @@ def _run_all(p: argparse.ArgumentParser) -> Handler:
                    help="subset of seeds (default: each config's)")
     p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: at most 20 measured requests per trial, into data/traces-quick and data/results-quick")
+                   help="smoke run: at most 20 measured requests per trial, into data/traces-quick and "
+                        "data/results-quick")
     p.add_argument("--traces", default=None, help="traces root (default data/traces)")
     p.add_argument("--results", default=None, help="results directory (default data/results)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

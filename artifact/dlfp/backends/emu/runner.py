@@ -1,8 +1,8 @@
 """Emulated-device backend: vLLM 0.17.1's real engine loop over a modelled GPU, on a CPU.
 
-``run_trial(cfg, arm, seed)`` runs the vLLM backend's open-loop ``AsyncLLM``
-harness (``dlfp.backends.vllm.runner``: same workload, same streaming client, same
-``DLFPScheduler`` log) with the model executor replaced by
+``run_trial(cfg, arm, seed)`` runs the open-loop ``AsyncLLM`` harness the vLLM
+backend runs (``dlfp.backends.harness``: same workload, same streaming client, same
+``DLFPScheduler`` log, same engine arguments) with the model executor replaced by
 :class:`dlfp.backends.emu.executor.EmuExecutor`. vLLM's real ``EngineCore`` loop
 (``step``, or ``step_with_batch_queue`` under asynchronous scheduling), its
 scheduler, KV-cache manager and output path all run; only the forward pass is
@@ -14,7 +14,7 @@ What matches the simulator (so sim vs emu isolates the engine loop): the
 device model, the KV-cache size (``dlfp.backends.sim.runner.build_engine_parts``:
 GPU memory x utilisation - weights/TP - reserve, per shard), the model-runner
 host costs (input preparation, launch, sample launch: the simulator's
-``HostCosts`` values), the output token ids (``dlfp.backends.sim.runner.token_ids``).
+``HostCosts`` values), the output token ids (``dlfp.traces.token_ids``).
 What is real: every other host cost (``schedule()``, ``update_from_output``,
 ZMQ, the client) as this CPU runs it.
 
@@ -45,22 +45,19 @@ processes; 0 = trial start.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
-import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dlfp.devices import roofline as cm
-from dlfp.config import ConfigError, ExperimentConfig, build_policy
-from dlfp.traces.format import FORMAT_VERSION, ITERATION_COLUMNS, REQUEST_COLUMNS, Trial, coerce, git_commit, \
-    package_versions
-from dlfp.backends import ProgressFn
+from dlfp.backends import ProgressFn, harness
 from dlfp.backends.sim import runner as simrun
 from dlfp.backends.vllm import runner as vrun
+from dlfp.config import ConfigError, ExperimentConfig, build_policy
+from dlfp.devices import roofline as cm
+from dlfp.traces.format import ITERATION_COLUMNS, Trial, coerce
 
 _OPTION_KEYS = {"device", "host", "num_gpu_blocks"}
 
@@ -159,7 +156,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
     """Run one trial on the emulated device and return it (not written); ``backend="emu"``.
 
     Takes the modelled GPU's real time (the device sleeps it) plus ~20 s of
-    engine start-up on this CPU.
+    engine start-up on this CPU. ``workload`` replaces the seed's workload (tests).
 
     Raises:
         BackendUnavailable: vLLM 0.17.1 is not installed (says what to install).
@@ -167,49 +164,52 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
             request longer than max_model_len or the KV cache (one line).
         RuntimeError: the engine failed to start or crashed mid-trial (names arm and seed).
     """
-    if arm not in cfg.arms:
-        raise ConfigError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    cfg.require_arm(arm)
     vllm_version = vrun.require_vllm()
     vrun.model_dir(cfg)
     policy = build_policy(cfg.arms[arm])
-    from dlfp.backends.emu.executor import read_device_log
     from dlfp.workload.generator import make_workload
 
     wl = workload if workload is not None else make_workload(cfg.workload, seed)
     run_dir = vrun.setup_run_dir(cfg.backend_options.get("run_dir"))
-    stem = f"{cfg.name}-{arm}-{seed}-{os.getpid()}-{time.time_ns()}"
-    sched_log = run_dir / "logs" / f"sched-{stem}.jsonl"
-    dev_log = run_dir / "logs" / f"device-{stem}.jsonl"
+    stamp = harness.log_stamp()
+    sched_log = harness.trial_log_path(run_dir, "sched", cfg, arm, seed, stamp)
+    dev_log = harness.trial_log_path(run_dir, "device", cfg, arm, seed, stamp)
     settings = emu_settings(cfg, str(dev_log))
     simrun.check_requests(cfg, wl.requests, settings["num_gpu_blocks"])
-    os.environ["DLFP_SCHED_LOG"] = str(sched_log)
-    where = f"emu trial {cfg.name}/{arm}/seed-{seed}"
-    t_ref: list[float] = []
+    harness.use_scheduler_log(sched_log)
+    run = harness.run_engine(lambda: make_engine(cfg, arm, settings), wl,
+                             where=f"emu trial {cfg.name}/{arm}/seed-{seed}", progress=progress,
+                             warmup=bool(cfg.backend_options.get("engine_warmup", True)))
+    harness.wait_for_log_end(sched_log)
+    tokens = harness.tokens_frame(wl, run.results)
+    iterations, log_info, measured = _emulated_iterations(sched_log, dev_log, run.t0)
+    gpu = cm.load_gpu(cfg.gpu)
+    engine = harness.engine_metadata(
+        run, wl, tokens, log_info, executor="dlfp.backends.emu.EmuExecutor", device_log=str(dev_log),
+        emu_settings=settings, num_preemptions=int(sum(r.get("num_preempted", 0) for r in measured)))
+    if run.scheduling != cfg.scheduling:  # cannot happen unless vLLM changes; recorded loudly rather than hidden
+        engine["note"] = f"config asked for {cfg.scheduling} scheduling; the engine ran {run.scheduling}"
+    hardware = {"gpu": gpu.describe(), "tp": cfg.tp, "num_gpus": cfg.tp, "modelled": True,
+                "host": harness.host_hardware(),
+                "description": f"emulated {cfg.tp} x {gpu.name} under vLLM {vllm_version}'s real engine loop "
+                               f"on this CPU"}
+    md = harness.trial_metadata(cfg, arm, seed, backend="emu", vllm_version=vllm_version, policy=policy, wl=wl,
+                                hardware=hardware, energy=modelled_energy(cfg, gpu, measured, tokens), engine=engine)
+    return Trial(requests=harness.requests_frame(wl, run.results), tokens=tokens, iterations=iterations,
+                 metadata=md)
 
-    async def main():
-        try:
-            engine = make_engine(cfg, arm, settings)
-        except Exception as e:
-            raise RuntimeError(f"{where}: engine failed to start ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}); see the engine log above") from None
-        try:
-            mode = "async" if engine.vllm_config.scheduler_config.async_scheduling else "sync"
-            res = await vrun._drive(engine, wl, t_ref, progress, bool(cfg.backend_options.get("engine_warmup", True)))
-            return res, mode
-        except Exception as e:
-            raise RuntimeError(f"{where}: engine failed mid-trial ({type(e).__name__}: {e})") from None
-        finally:
-            engine.shutdown()
 
-    results, mode = asyncio.run(main())
-    t0 = t_ref[0]
-    vrun._wait_for_log_end(sched_log)
-    rq = wl.requests_frame()
-    rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
-    rq["fingerprint"] = wl.fingerprint
-    rq = coerce(rq, REQUEST_COLUMNS, "requests")
-    tokens = vrun.tokens_frame(wl, results)
-    iterations, log_info = vrun.iterations_from_log(sched_log, t0)
+def _emulated_iterations(sched_log: Path, dev_log: Path, t0: float) -> tuple[pd.DataFrame, dict, list[dict]]:
+    """The iteration frame (scheduler log joined with the device log), the scheduler-log info, and the device
+    rows of the measured trial (batches started at or after ``t0``, i.e. not the warm-up).
+
+    Raises:
+        RuntimeError: see ``iterations_from_log`` and ``join_device_log``.
+    """
+    from dlfp.backends.emu.executor import read_device_log
+
+    iterations, log_info = harness.iterations_from_log(sched_log, t0)
     # The scheduler log can repeat its last row (a race between the engine thread's flush and shutdown in
     # dlfp.backends.vllm.scheduler); the copies are identical, keep one so the trace stays strictly increasing.
     n_rows = len(iterations)
@@ -218,37 +218,22 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
     dev_rows = read_device_log(dev_log)
     iterations = coerce(join_device_log(iterations, dev_rows, t0), ITERATION_COLUMNS, "iterations")
     measured = [r for r in dev_rows if r["device_start_s"] >= t0]
+    return iterations, log_info, measured
+
+
+def modelled_energy(cfg: ExperimentConfig, gpu, measured: list[dict], tokens: pd.DataFrame) -> dict:
+    """``metadata["energy"]`` of an emu trial: the emulated batches' cost-model energy plus idle power between them.
+
+    ``gpu`` is ``cm.load_gpu(cfg.gpu)`` (``idle_w`` per GPU, watts); ``measured`` the device-log rows of the
+    trial (``energy_j`` in joules, device start/end in seconds); the span runs from 0 to the last token.
+    """
     busy_s = float(sum(r["device_end_s"] - r["device_start_s"] for r in measured))
     busy_j = float(sum(r.get("energy_j") or 0.0 for r in measured))
     span_s = float(tokens["time_s"].max()) if len(tokens) else 0.0
-    gpu = cm.load_gpu(cfg.gpu)
-    energy = {"joules": busy_j + gpu.idle_w * cfg.tp * max(0.0, span_s - busy_s), "source": "modelled",
-              "method": "per GPU: cost-model energy of each emulated batch (idle_w + (tdp_w - idle_w) x roofline "
-                        "utilisation over its device time) plus idle_w between batches; summed over tp GPUs, "
-                        "t = 0 .. last token", "busy_joules": busy_j, "span_s": span_s}
-    lags = [r["sent"] - s.arrival_s for s in wl.requests if (r := results.get(s.request_id))]
-    preempted = int(sum(r.get("num_preempted", 0) for r in measured))
-    md = {
-        "format_version": FORMAT_VERSION, "experiment": cfg.name, "arm": arm, "seed": int(seed), "backend": "emu",
-        "versions": {**package_versions(), "vllm_runtime": vllm_version},
-        "hardware": {"gpu": gpu.describe(), "tp": cfg.tp, "num_gpus": cfg.tp, "modelled": True,
-                     "host": vrun._hardware(),
-                     "description": f"emulated {cfg.tp} x {gpu.name} under vLLM {vllm_version}'s real engine loop "
-                                    f"on this CPU"},
-        "git_commit": git_commit(), "workload_fingerprint": wl.fingerprint,
-        "policy": {**policy.params(), "config": cfg.arms[arm].model_dump()},
-        "config": cfg.model_dump(mode="json"),
-        "energy": energy,
-        "clock": "time.monotonic() seconds (CLOCK_MONOTONIC, harness and engine-core process); 0 = trial start",
-        "engine": {"scheduling": mode, "scheduler_cls": vrun.SCHEDULER_CLS, "executor": "dlfp.backends.emu.EmuExecutor",
-                   "scheduler_log": log_info, "device_log": str(dev_log), "emu_settings": settings,
-                   "num_preemptions": preempted,
-                   "max_send_lag_s": float(max(lags)) if lags else float("nan"),
-                   "output_token_ids_sha256": vrun.token_ids_digest(tokens)},
-    }
-    if mode != cfg.scheduling:  # cannot happen unless vLLM changes; recorded loudly rather than hidden
-        md["engine"]["note"] = f"config asked for {cfg.scheduling} scheduling; the engine ran {mode}"
-    return Trial(requests=rq, tokens=tokens, iterations=iterations, metadata=md)
+    return {"joules": busy_j + gpu.idle_w * cfg.tp * max(0.0, span_s - busy_s), "source": "modelled",
+            "method": "per GPU: cost-model energy of each emulated batch (idle_w + (tdp_w - idle_w) x roofline "
+                      "utilisation over its device time) plus idle_w between batches; summed over tp GPUs, "
+                      "t = 0 .. last token", "busy_joules": busy_j, "span_s": span_s}
 
 
-__all__ = ["emu_settings", "join_device_log", "make_engine", "run_trial"]
+__all__ = ["emu_settings", "join_device_log", "make_engine", "modelled_energy", "run_trial"]

