@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from dlfp.devices import roofline as cm
-from dlfp.backends.emu.device import (CostModelDeviceTime, DeviceRecord, EmuBatch, EmulatedDevice, HostCosts,
-                                  LinearDeviceTime, device_time_fn_from_spec)
+from dlfp.backends.emu.device import (CostModelDeviceTime, DeviceRecord, EmuBatch, EmulatedDevice, LinearDeviceTime,
+                                  device_time_fn_from_spec)
+from dlfp.devices.host import HostCosts
 from dlfp.traces.token_ids import token_id
 from dlfp.traces.token_ids import token_ids as sim_token_ids
 
@@ -45,18 +46,20 @@ def test_cost_model_device_time_is_the_simulators_cost_model():
 def test_host_costs_launch_rules_by_hand():
     h = HostCosts(prep_base_s=1e-4, prep_per_req_s=1e-5, prep_per_token_s=1e-7, launch_graph_s=4e-5,
                   launch_piecewise_per_layer_s=1.5e-5, launch_eager_per_kernel_s=5e-6, cudagraph_max_tokens=512,
-                  sample_launch_s=3e-5, num_layers=28, kernels_per_layer=12)
+                  sample_launch_s=3e-5)
+    launch = h.launch_rule(num_layers=28, kernels_per_layer=12)
     dec = EmuBatch(decode_contexts=(100,) * 8)
     mixed = EmuBatch(prefill_chunks=((200, 0),), decode_contexts=(100,) * 8)
     big = EmuBatch(prefill_chunks=((2048, 0),), decode_contexts=(100,) * 8)
-    assert h.prep_s(dec, 8) == pytest.approx(1e-4 + 8e-5 + 8e-7)
-    assert h.launch_s(dec) == pytest.approx(4e-5)  # one CUDA graph
-    assert h.launch_s(mixed) == pytest.approx(28 * 1.5e-5)  # piecewise graph
-    assert h.launch_s(big) == pytest.approx(28 * 12 * 5e-6)  # eager, > 512 tokens
-    sim_host = {"prep_base_s": 1e-4, "schedule_base_s": 9.0, "launch_graph_s": 4e-5}
-    assert HostCosts.from_sim(sim_host, num_layers=28).launch_s(dec) == pytest.approx(4e-5)
+    assert h.prep_s(8, dec.num_tokens) == pytest.approx(1e-4 + 8e-5 + 8e-7)
+    assert launch(dec.num_tokens, dec.num_prefills) == pytest.approx(4e-5)  # one CUDA graph
+    assert launch(mixed.num_tokens, mixed.num_prefills) == pytest.approx(28 * 1.5e-5)  # piecewise graph
+    assert launch(big.num_tokens, big.num_prefills) == pytest.approx(28 * 12 * 5e-6)  # eager, > 512 tokens
+    assert launch(512, 1) == pytest.approx(28 * 1.5e-5) and launch(513, 0) == pytest.approx(28 * 12 * 5e-6)
     with pytest.raises(ValueError, match="prep_base_s"):
         HostCosts(prep_base_s=-1.0)
+    with pytest.raises(ValueError, match="schedule_bass_s"):
+        HostCosts.from_dict({"schedule_bass_s": 1e-4})
 
 
 def test_token_ids_match_the_simulator_and_depend_only_on_request_and_index():
@@ -119,16 +122,14 @@ def _exp(**over):
 
 def test_emu_settings_use_the_simulators_kv_cache_and_host_costs():
     from dlfp.backends.emu.runner import emu_settings
-    from dlfp.backends.sim import HostCosts as SimHost
-
     s = emu_settings(_exp(tp=2), "/tmp/x.jsonl")
     m, g = cm.load_model("qwen3-0.6b"), cm.load_gpu("a100-sxm4-80gb")
     assert s["num_gpu_blocks"] == cm.kv_cache_blocks(m, g, 2, gpu_memory_utilization=0.9, block_size=16)
     assert s["device"]["kind"] == "cost_model" and s["device"]["tp"] == 2 and s["tp"] == 2
-    sh = SimHost()
+    sh = HostCosts()  # the simulator's defaults: both backends charge the same model-runner costs
     assert s["host"]["prep_base_s"] == sh.prep_base_s and s["host"]["launch_graph_s"] == sh.launch_graph_s
-    assert s["host"]["num_layers"] == m.num_hidden_layers
-    HostCosts(**s["host"])  # round-trips into the executor's dataclass
+    assert s["kernels_per_layer"] == 12  # DeviceAssumptions.kernels_per_layer
+    assert HostCosts.from_dict(s["host"]) == sh  # round-trips into the executor
 
 
 def test_emu_settings_reject_bad_options_naming_the_field():

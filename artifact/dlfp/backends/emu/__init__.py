@@ -9,7 +9,7 @@
 ``EmuExecutor`` is importable as ``dlfp.backends.emu.EmuExecutor`` (loaded on first use,
 so this package itself does not need vLLM).
 """
-from dlfp.backends.emu.device import CostModelDeviceTime, EmuBatch, EmulatedDevice, HostCosts, LinearDeviceTime
+from dlfp.backends.emu.device import CostModelDeviceTime, EmuBatch, EmulatedDevice, LinearDeviceTime
 
 
 def __getattr__(name: str):
@@ -20,5 +20,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'dlfp.backends.emu' has no attribute {name!r}")
 
 
-__all__ = ["CostModelDeviceTime", "EmuBatch", "EmuExecutor", "EmuSettings", "EmulatedDevice", "HostCosts",
+__all__ = ["CostModelDeviceTime", "EmuBatch", "EmuExecutor", "EmuSettings", "EmulatedDevice",
            "LinearDeviceTime"]

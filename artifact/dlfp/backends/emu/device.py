@@ -12,8 +12,9 @@ Pieces:
 * ``LinearDeviceTime``: a transparent ``a + b * tokens + c * decodes`` model, for
   tests and hand-worked examples. The experiments use the project's cost model
   (``dlfp.devices.roofline``) through ``device_time_fn_from_spec``.
-* ``HostCosts``: the modelled host time of the GPU model runner (input
-  preparation and kernel launch), spent synchronously on the engine thread.
+* the modelled host time of the GPU model runner (input preparation, kernel
+  launch, sampler launch) is ``dlfp.devices.host.HostCosts``, the simulator's own,
+  spent synchronously on the engine thread by ``dlfp.backends.emu.executor``.
 * ``token_id`` (from ``dlfp.traces.token_ids``): the deterministic output token of (request id, output index).
 * ``EmulatedDevice``: the device thread.
 
@@ -27,7 +28,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 DeviceTimeFn = Callable[["EmuBatch"], float]
@@ -153,69 +154,6 @@ class CostModelDeviceTime:
         return self._dm.breakdown(self._batch(batch)).energy_j
 
 
-@dataclass(frozen=True)
-class HostCosts:
-    """Modelled host time of the GPU model runner (seconds), spent on the engine thread.
-
-    The field names and meanings are the simulator's (``dlfp.devices.host.HostCosts``)
-    so both backends charge the same model-runner costs; the rest of the host
-    loop (``schedule()``, ``update_from_output``, output handling) is vLLM's
-    real code running on this CPU. Per ``execute_model`` call:
-
-    * input preparation ``prep_base_s + prep_per_req_s * requests +
-      prep_per_token_s * tokens``, before the batch reaches the device;
-    * kernel launch, overlapping the device (the batch cannot end before its
-      last kernel is launched): ``launch_graph_s`` for a decode-only batch of at
-      most ``cudagraph_max_tokens`` tokens (one CUDA graph),
-      ``launch_piecewise_per_layer_s * num_layers`` for a mixed batch of at
-      most ``cudagraph_max_tokens``, else ``launch_eager_per_kernel_s *
-      kernels_per_layer * num_layers``;
-    * ``sample_launch_s`` in ``sample_tokens``.
-
-    Defaults are all zero (only the real engine's own host cost on this CPU);
-    ``num_layers`` and ``kernels_per_layer`` (12, ``dlfp.devices.roofline.DeviceAssumptions``)
-    only scale the launch terms.
-
-    Raises:
-        ValueError: a negative or non-finite value.
-    """
-
-    prep_base_s: float = 0.0
-    prep_per_req_s: float = 0.0
-    prep_per_token_s: float = 0.0
-    launch_graph_s: float = 0.0
-    launch_piecewise_per_layer_s: float = 0.0
-    launch_eager_per_kernel_s: float = 0.0
-    cudagraph_max_tokens: int = 512
-    sample_launch_s: float = 0.0
-    num_layers: int = 1
-    kernels_per_layer: int = 12
-
-    def __post_init__(self) -> None:
-        for k, v in asdict(self).items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"host cost {k} must be a finite non-negative number, got {v!r}")
-
-    @classmethod
-    def from_sim(cls, sim_host: dict[str, Any], num_layers: int, kernels_per_layer: int = 12) -> "HostCosts":
-        """The model-runner part of the simulator's host costs (other fields of ``sim_host`` are ignored)."""
-        names = {f for f in cls.__dataclass_fields__} - {"num_layers", "kernels_per_layer"}
-        return cls(**{k: v for k, v in sim_host.items() if k in names}, num_layers=num_layers,
-                   kernels_per_layer=kernels_per_layer)
-
-    def prep_s(self, batch: "EmuBatch", num_requests: int) -> float:
-        """Input preparation (s) of ``batch`` with ``num_requests`` requests."""
-        return self.prep_base_s + self.prep_per_req_s * num_requests + self.prep_per_token_s * batch.num_tokens
-
-    def launch_s(self, batch: "EmuBatch") -> float:
-        """Kernel launch (s) of ``batch``: CUDA graph, piecewise graph or eager (see class docstring)."""
-        if batch.num_tokens <= self.cudagraph_max_tokens:
-            if batch.num_prefills == 0:
-                return self.launch_graph_s
-            return self.launch_piecewise_per_layer_s * self.num_layers
-        return self.launch_eager_per_kernel_s * self.kernels_per_layer * self.num_layers
-
-
 @dataclass
 class DeviceRecord:
     """Timing of one batch on the emulated device (seconds, ``monotonic`` clock)."""
@@ -237,7 +175,8 @@ class EmulatedDevice:
     the device is free (``max(submit time, previous end)``) and ends
     ``duration_s`` later. Start and end follow this device timeline exactly; a
     late wake-up of the thread (GIL hand-over, CPU contention) delays only when
-    the completion becomes visible (``record.signal_s``), never the next batch. The thread sleeps (releasing the GIL) so the engine thread keeps
+    the completion becomes visible (``record.signal_s``), never the next batch.
+    The thread sleeps (releasing the GIL) so the engine thread keeps
     scheduling meanwhile, as the host does while a GPU computes. ``on_done``
     (if given) is called on the device thread with the finished record before
     the future completes.

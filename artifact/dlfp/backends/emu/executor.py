@@ -56,7 +56,8 @@ from vllm.v1.executor.abstract import Executor
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-from dlfp.backends.emu.device import DeviceRecord, EmuBatch, EmulatedDevice, HostCosts, device_time_fn_from_spec
+from dlfp.backends.emu.device import DeviceRecord, EmuBatch, EmulatedDevice, device_time_fn_from_spec
+from dlfp.devices.host import HostCosts
 from dlfp.traces.token_ids import token_id
 
 SETTINGS_KEY = "dlfp_emu"
@@ -74,7 +75,10 @@ class EmuSettings:
 
     Attributes:
         device: device-time spec (``dlfp.backends.emu.device.device_time_fn_from_spec``).
-        host: ``dlfp.backends.emu.device.HostCosts`` fields (seconds).
+        host: ``dlfp.devices.host.HostCosts`` fields (seconds); only the model-runner ones are charged
+            (input preparation, kernel launch, sampler launch): vLLM's own scheduler and output path run here.
+        kernels_per_layer: kernels per decoder layer, for the eager launch cost
+            (``dlfp.devices.roofline.DeviceAssumptions.kernels_per_layer``).
         num_gpu_blocks: KV-cache blocks per TP shard (``dlfp.devices.roofline.kv_cache_blocks``
             for the modelled GPU memory, computed by ``dlfp.backends.emu.runner``).
         tp: modelled tensor-parallel degree (KV heads per shard).
@@ -85,6 +89,7 @@ class EmuSettings:
     host: dict[str, float] = field(default_factory=dict)
     num_gpu_blocks: int = 0
     tp: int = 1
+    kernels_per_layer: int = 12
     log_path: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,16 +122,18 @@ class EmuExecutor(Executor):
         extra = self.vllm_config.additional_config
         raw = extra.get(SETTINGS_KEY) if isinstance(extra, dict) else None
         if raw is None:
-            raise ValueError(f"EmuExecutor needs vllm_config.additional_config[{SETTINGS_KEY!r}] (see dlfp.backends.emu.runner)")
+            raise ValueError(f"EmuExecutor needs vllm_config.additional_config[{SETTINGS_KEY!r}] "
+                             f"(see dlfp.backends.emu.runner)")
         self.settings = EmuSettings.from_dict(raw)
         self.device_time_fn = device_time_fn_from_spec(self.settings.device)
         self._energy_fn = getattr(self.device_time_fn, "energy_j", None)
         try:
-            self.host_costs = HostCosts(**self.settings.host)
-        except TypeError as e:
+            self.host_costs = HostCosts.from_dict(self.settings.host)
+        except (TypeError, ValueError) as e:
             raise ValueError(f"additional_config[{SETTINGS_KEY!r}].host: {e}") from None
         hf = self.model_config.hf_text_config
         self.num_layers = int(hf.num_hidden_layers)
+        self._launch = self.host_costs.launch_rule(self.num_layers, int(self.settings.kernels_per_layer))
         self.tp = int(self.settings.tp)
         self.num_kv_heads = max(1, int(hf.num_key_value_heads) // self.tp)
         self.head_size = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
@@ -261,14 +268,14 @@ class EmuExecutor(Executor):
                                 sampled_token_ids=sampled)
         batch = EmuBatch(prefill_chunks=tuple(chunks), decode_contexts=tuple(decodes),
                          sampled=sum(1 for x in sampled if x))
-        prep_s = self.host_costs.prep_s(batch, len(req_ids))
+        prep_s = self.host_costs.prep_s(len(req_ids), batch.num_tokens)
         if prep_s > 0:  # the model runner's input preparation, on the engine thread
             EmulatedDevice.wait_until(t_exec + prep_s)
         dur = float(self.device_time_fn(batch))
         energy = self._energy_fn(batch) if self._energy_fn is not None else None
         self.seq += 1
         issue = time.monotonic()
-        launch_s = self.host_costs.launch_s(batch)
+        launch_s = self._launch(batch.num_tokens, batch.num_prefills)
         rec = DeviceRecord(seq=self.seq, issue_s=issue, meta=dict(
             iteration=getattr(so, ITERATION_ATTR, None), exec_s=t_exec, prep_s=prep_s, launch_s=launch_s,
             prefill_tokens=batch.prefill_tokens, num_prefills=batch.num_prefills,

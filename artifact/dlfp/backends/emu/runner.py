@@ -29,7 +29,7 @@ custom backend together with async scheduling), the ``uni`` backend stays, and
 
     device: {"kind": "linear", "base_s": .., "per_token_s": .., "per_decode_s": ..}
             # replaces the cost model (tests); default {"kind": "cost_model", ...}
-    host: {<dlfp.backends.emu.device.HostCosts field>: value}  # replaces the model-runner host costs
+    host: {<dlfp.devices.host.HostCosts field>: value}  # replaces the simulator's host costs
     num_gpu_blocks: <int>                                  # force the KV-cache size
 
 ``backend_options.sim`` (``host``, ``device``, ``reserve_gib``,
@@ -77,7 +77,8 @@ def emu_settings(cfg: ExperimentConfig, log_path: str | None = None) -> dict[str
         ConfigError: unknown model/GPU, a TP the model cannot split, weights that
             do not fit, or a bad ``backend_options.emu``/``sim`` field (named).
     """
-    from dlfp.backends.emu.device import HostCosts, device_time_fn_from_spec
+    from dlfp.backends.emu.device import device_time_fn_from_spec
+    from dlfp.devices.host import HostCosts
 
     opts = _emu_options(cfg)
     model, _gpu, dm, sim_host, blocks = simrun.build_engine_parts(cfg)
@@ -86,16 +87,16 @@ def emu_settings(cfg: ExperimentConfig, log_path: str | None = None) -> dict[str
     try:
         device_time_fn_from_spec(device)  # validate here, with a one-line error, not in the engine process
         if "host" in opts:
-            host = HostCosts(**opts["host"])
+            host = HostCosts.from_dict({**sim_host.as_dict(), **opts["host"]})
         else:
-            host = HostCosts.from_sim(sim_host.as_dict(), num_layers=model.num_hidden_layers,
-                                      kernels_per_layer=int(dm.a.kernels_per_layer))
+            host = sim_host
     except (ValueError, TypeError, cm.CostModelError) as e:
         raise ConfigError(f"experiment {cfg.name!r}: field backend_options.emu: {e}") from None
     n = int(opts.get("num_gpu_blocks", blocks))
     if n < 1:
         raise ConfigError(f"experiment {cfg.name!r}: field backend_options.emu.num_gpu_blocks: must be >= 1, got {n}")
-    return {"device": device, "host": dataclasses.asdict(host), "num_gpu_blocks": n, "tp": cfg.tp,
+    return {"device": device, "host": host.as_dict(), "num_gpu_blocks": n, "tp": cfg.tp,
+            "kernels_per_layer": int(dm.a.kernels_per_layer),
             "log_path": log_path}
 
 
