@@ -1,4 +1,4 @@
-"""Benchmark: `dlfp figures` from cached traces (issue 4 target: at most 60 s on this machine).
+"""Benchmark: `dlfp figures` from cached traces (target: at most 60 s on this machine).
 
 Times the real command (papermill + kernel start-up included) as a subprocess,
 then, with ``--breakdown``, the stages in-process (load + summaries, tables,
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TARGET_S = 60.0  # issue 4: `make figures` from cache in at most 60 s
+TARGET_S = 60.0  # the artifact's time budget: `make figures` from cache in at most 60 s
 
 
 def _trial_count(traces: Path) -> int:

@@ -75,13 +75,15 @@ def main(argv=None) -> None:
                 res[a]["sched"].append(statistics.median(st) * 1e6)
                 res[a]["iter"].append(statistics.median(it) * 1e6)
     print(f"request mix: {args.decodes} decodes + a {args.prompt}-token prompt every {args.every} steps, "
-          f"budget {args.budget}, {args.steps} steps x {args.repeats} repeats (median per run, then the fastest run: least disturbed by other load)")
+          f"budget {args.budget}, {args.steps} steps x {args.repeats} repeats "
+          f"(median per run, then the fastest run: least disturbed by other load)")
     ref_s = min(res["stock"]["sched"])
     ref_i = min(res["stock"]["iter"])
     print(f"{'scheduler':<22}{'schedule() us':>15}{'vs stock':>10}{'sched+update us':>18}{'vs stock':>10}")
     for a, label in zip(arms, ("vLLM Scheduler", "DLFPScheduler NoCap", "DLFPScheduler DLFP")):
         s_us, i_us = min(res[a]["sched"]), min(res[a]["iter"])
-        print(f"{label:<22}{s_us:>15.1f}{(s_us / ref_s - 1) * 100:>+9.1f}%{i_us:>18.1f}{(i_us / ref_i - 1) * 100:>+9.1f}%")
+        ds, di = (s_us / ref_s - 1) * 100, (i_us / ref_i - 1) * 100
+        print(f"{label:<22}{s_us:>15.1f}{ds:>+9.1f}%{i_us:>18.1f}{di:>+9.1f}%")
 
 
 if __name__ == "__main__":

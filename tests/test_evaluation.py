@@ -1,4 +1,4 @@
-"""Issue-8 target checks (dlfp.analysis.evaluation) on hand-built summary frames, and the DLFP-S arms of the configs."""
+"""DLFP-S target checks (dlfp.analysis.evaluation) on hand-built summary frames, and the DLFP-S arms of the configs."""
 from __future__ import annotations
 
 import pandas as pd
@@ -6,7 +6,7 @@ import pytest
 
 from dlfp.config import build_policy, list_experiments, load_experiment
 from dlfp.policies.dlfps.controller import DLFPS
-from dlfp.analysis.evaluation import ablation_table, frontier_dominators, itl_no_worse, target_table
+from dlfp.analysis.evaluation import ablation_table, frontier_dominators, itl_no_worse, reduction, target_table
 from dlfp.analysis.stats import paired_change
 
 T975_2 = 4.302652729911275  # Student t, 0.975 quantile, 2 degrees of freedom (tables)
@@ -44,7 +44,8 @@ def test_target_table_hand_worked():
     r = _row(tt, "itl_no_worse", H)
     assert r.reached and r.value == pytest.approx(0.25)
     assert _row(tt, "itl_headline", H).reached
-    # failed experiment: changes -0.20, -0.30, -0.25: interval -0.25 +- 0.1242 lies entirely below 0: worse
+    # failed experiment: changes +0.20, +0.30, +0.25 (target values are reductions, -change): the change's
+    # interval 0.25 +- 0.1242 lies entirely above 0: worse
     r = _row(tt, "itl_no_worse", F)
     assert not r.reached and r.value == pytest.approx(-0.25)
     r = _row(tt, "itl_lower_where_paper_failed", "any")
@@ -82,10 +83,19 @@ def test_lower_where_paper_failed_needs_an_interval_above_zero():
 
 def test_itl_no_worse_edge_cases():
     assert itl_no_worse(paired_change([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]))  # identical arms: interval [0, 0]
-    assert not itl_no_worse(paired_change([1.0], [1.1]))  # one seed, worse
+    assert not itl_no_worse(paired_change([1.0], [1.1]))  # one seed, worse (+10 %)
     assert itl_no_worse(paired_change([1.0], [0.9]))
-    # changes -0.1, +0.1, -0.3: mean -0.1, interval crosses zero: no worse
+    # changes +0.1, -0.1, +0.3: mean +0.1, interval crosses zero: no worse
     assert itl_no_worse(paired_change([1.0, 1.0, 1.0], [1.1, 0.9, 1.3]))
+
+
+def test_reduction_is_minus_the_change_with_ends_swapped():
+    r = reduction(paired_change([1.0, 1.0, 1.0], [0.7, 0.8, 0.75]))  # changes -0.30, -0.20, -0.25
+    half = T975_2 * 0.05 / 3**0.5
+    assert r.per_seed == pytest.approx((0.30, 0.20, 0.25)) and r.mean == pytest.approx(0.25)
+    assert (r.ci_low, r.ci_high) == pytest.approx((0.25 - half, 0.25 + half))
+    # an unchanged metric is a reduction of +0.0, printed "0.0", not "-0.0"
+    assert f"{reduction(paired_change([1.0], [1.0])).mean:.1f}" == "0.0"
 
 
 def test_frontier_dominators_tolerance():
@@ -100,11 +110,11 @@ def test_ablation_table_hand_worked():
     assert list(ab["arm"]) == ["dlfps", "dlfp", "dlfps", "dlfp"]
     r = ab[(ab["experiment"] == H) & (ab["arm"] == "dlfps")].iloc[0]
     half = T975_2 * 0.05 / 3**0.5
-    assert r.itl_reduction == pytest.approx(0.25)
-    assert (r.itl_ci_low, r.itl_ci_high) == pytest.approx((0.25 - half, 0.25 + half))
-    assert r.ttft_increase == pytest.approx(0.15) and r.slo_passes == 80 and r.slo_passes_baseline == 80
+    assert r.itl_change == pytest.approx(-0.25)
+    assert (r.itl_ci_low, r.itl_ci_high) == pytest.approx((-0.25 - half, -0.25 + half))
+    assert r.ttft_change == pytest.approx(0.15) and r.slo_passes == 80 and r.slo_passes_baseline == 80
     r = ab[(ab["experiment"] == F) & (ab["arm"] == "dlfp")].iloc[0]
-    assert r.itl_reduction == pytest.approx(-1.0) and r.slo_passes == 7 and r.slo_passes_baseline == 10
+    assert r.itl_change == pytest.approx(1.0) and r.slo_passes == 7 and r.slo_passes_baseline == 10
 
 
 def test_missing_column_is_named():

@@ -1,4 +1,4 @@
-"""Regression pins on the committed cached simulator traces (issue 7) and the byte-for-byte tables (issue 4).
+"""Regression pins: the DLFP effect signs on the committed cached simulator traces, and the byte-for-byte tables.
 
 1. ``test_published_effect_signs``: for every experiment under ``data/traces/sim``
    the sign the simulator gives to each published effect of DLFP (arm ``dlfp``
@@ -111,8 +111,8 @@ def simulator_signs(experiment: str) -> dict[str, int]:
     for name, key in CHANGE_KEYS.items():
         b = [s[("baseline", sd)][key] for sd in SEEDS]
         c = [s[("dlfp", sd)][key] for sd in SEEDS]
-        # stats.paired_change counts a reduction as positive; the pinned sign is that of (dlfp - baseline).
-        signs[name] = int(np.sign(-stats.paired_change(b, c).mean))
+        # the pinned sign is that of the paired change (dlfp - baseline) / baseline
+        signs[name] = int(np.sign(stats.paired_change(b, c).mean))
     signs["slo_passes"] = int(np.sign(sum(s[("dlfp", sd)]["slo_passes"] - s[("baseline", sd)]["slo_passes"]
                                           for sd in SEEDS)))
     return signs

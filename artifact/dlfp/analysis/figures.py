@@ -459,7 +459,8 @@ def frontier_figure(ts: TraceSet, col_wrap: int = 4):
     return fig
 
 
-def fidelity_images(fidelity_dir: str | Path, calibration_dir: str | Path | None = None) -> list[tuple[str, Path | None]]:
+def fidelity_images(fidelity_dir: str | Path,
+                    calibration_dir: str | Path | None = None) -> list[tuple[str, Path | None]]:
     """The simulator-fidelity figures written by ``dlfp validate-sim`` / ``dlfp calibrate``, for display.
 
     Returns ``(label, path)`` pairs in display order: the ITL CDF overlay and the

@@ -1,16 +1,20 @@
 """Paired statistics across seeds: relative change and a Student-t interval.
 
 The paper (arXiv v1, 2026-09-29) pairs a baseline arm and a candidate arm on
-the same seeds (801/802/803), computes per seed the relative change
-
-    change = (baseline - candidate) / baseline
-
-and reports the mean over seeds with a two-sided 95 % Student-t interval
+the same seeds (801/802/803), computes per seed the relative change and
+reports the mean over seeds with a two-sided 95 % Student-t interval
 (``mean +- t_{0.975, n-1} * sd / sqrt(n)``, ``sd`` with ``ddof = 1``).
 
-Sign convention: POSITIVE = the candidate is LOWER than the baseline (a
-reduction; good for latencies and energy). A fraction in code (0.277 =
-27.7 %); ``summarize_changes`` works in whatever unit it is given.
+Sign convention of every "change" in ``dlfp`` (this module, the tables, the
+sensitivity sweep, ``data/paper/published.csv``)::
+
+    change = (candidate - baseline) / baseline
+
+NEGATIVE = the candidate is LOWER than the baseline (e.g. the paper's P99 ITL
+change of -27.7 %, 95 % CI -34.4..-21.0 %). A fraction in code (-0.277 =
+-27.7 %); ``summarize_changes`` works in whatever unit it is given. Where a
+target is stated as a reduction (``dlfp.analysis.evaluation``), the reduction
+is ``-change``.
 """
 from __future__ import annotations
 
@@ -61,18 +65,6 @@ class PairedChange:
             note=self.note,
         )
 
-    def as_dict(self) -> dict:
-        return {
-            "per_seed": list(self.per_seed),
-            "mean": self.mean,
-            "ci_low": self.ci_low,
-            "ci_high": self.ci_high,
-            "n": self.n,
-            "crosses_zero": self.crosses_zero,
-            "confidence": self.confidence,
-            "note": self.note,
-        }
-
 
 def _finite_array(name: str, values: Sequence[float]) -> np.ndarray:
     a = np.asarray(values, dtype=float).reshape(-1)
@@ -86,7 +78,7 @@ def _finite_array(name: str, values: Sequence[float]) -> np.ndarray:
 
 
 def relative_change(baseline: float, candidate: float) -> float:
-    """``(baseline - candidate) / baseline`` as a fraction; positive = candidate lower.
+    """``(candidate - baseline) / baseline`` as a fraction; negative = candidate lower.
 
     Raises:
         ValueError: zero or non-finite baseline, or non-finite candidate.
@@ -120,11 +112,11 @@ def summarize_changes(changes: Sequence[float], confidence: float = 0.95) -> Pai
 
 
 def paired_change(baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.95) -> PairedChange:
-    """Per-seed relative change ``(baseline - candidate) / baseline`` and its summary across seeds.
+    """Per-seed relative change ``(candidate - baseline) / baseline`` and its summary across seeds.
 
     ``baseline[i]`` and ``candidate[i]`` are the same metric (any unit, e.g. P99
     ITL in seconds) of the same seed; shape (n,) each. Changes are fractions
-    (positive = candidate lower, a reduction).
+    (negative = candidate lower).
 
     Raises:
         ValueError: different lengths, empty input, a non-finite value, or a
@@ -137,8 +129,8 @@ def paired_change(baseline: Sequence[float], candidate: Sequence[float], confide
     zero = b == 0.0
     if zero.any():
         i = int(np.argmax(zero))
-        raise ValueError(f"baseline[{i}] is zero: the relative change (baseline - candidate)/baseline is undefined")
-    return summarize_changes((b - c) / b, confidence)
+        raise ValueError(f"baseline[{i}] is zero: the relative change (candidate - baseline)/baseline is undefined")
+    return summarize_changes((c - b) / b, confidence)
 
 
 def paired_from_frame(

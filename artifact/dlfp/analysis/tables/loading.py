@@ -1,0 +1,229 @@
+"""Loading saved trials for the tables: ``LoadedTrial``, ``TraceSet`` and ``load_traces``.
+
+A ``TraceSet`` holds every trial under a traces root
+(``<root>/<backend>/<experiment>/<arm>/seed-<seed>``), the directories that
+failed to load, and what every table needs of each trial, computed once at
+load time (its ``dlfp.analysis.metrics.summarize`` summary, ITL samples,
+measured token ids and guarded iterations; seconds). Tables computed from
+the whole set are cached on it (``TraceSet.cached``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from dlfp.analysis import metrics
+from dlfp.analysis.tables.trial_frames import guarded_iterations, measured_token_ids
+from dlfp.config import ConfigError, ExperimentConfig, load_experiment
+from dlfp.traces.format import TraceError, Trial, find_trials, load_trial
+
+FIXED_CAP_PREFIX = "fixed-"
+#: Load trials in parallel worker processes from this many trials on (spawn start-up costs ~2 s).
+PARALLEL_MIN_TRIALS = 40
+
+
+def arm_order(arm: str, baseline: str = "baseline") -> tuple:
+    """Sort key of arms in every table: the baseline, then other arms by name, then ``fixed-<cap>`` arms by cap."""
+    cap = arm[len(FIXED_CAP_PREFIX):] if arm.startswith(FIXED_CAP_PREFIX) else ""
+    return (arm != baseline, cap.isdigit(), int(cap) if cap.isdigit() else 0, arm)
+
+
+@dataclass
+class LoadedTrial:
+    """One trial loaded from disk, with the config it ran with (``None`` if neither recorded nor shipped)."""
+
+    backend: str
+    experiment: str
+    arm: str
+    seed: int
+    path: Path
+    trial: Trial
+    config: ExperimentConfig | None
+
+    @property
+    def slo(self):
+        """The SLO of the trial's config (``None`` without a config: ``metrics.summarize`` then uses its default)."""
+        return self.config.slo if self.config is not None else None
+
+
+@dataclass
+class TraceSet:
+    """Every trial under a traces root, plus the directories that failed to load (``problems``)."""
+
+    root: Path
+    trials: list[LoadedTrial] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (path, message)
+    _digests: dict[str, dict] = field(default_factory=dict, repr=False)
+    _index: dict | None = field(default=None, repr=False)
+    _configs: dict = field(default_factory=dict, repr=False)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def groups(self) -> list[tuple[str, str]]:
+        """Sorted (backend, experiment) pairs that have at least one loaded trial."""
+        return sorted({(t.backend, t.experiment) for t in self.trials})
+
+    def select(self, backend: str, experiment: str, arm: str | None = None) -> list[LoadedTrial]:
+        """Trials of one backend/experiment (and arm), sorted by arm then seed."""
+        if self._index is None:
+            idx: dict[tuple, list[LoadedTrial]] = {}
+            for t in sorted(self.trials, key=lambda t: (t.arm, t.seed)):
+                idx.setdefault((t.backend, t.experiment, None), []).append(t)
+                idx.setdefault((t.backend, t.experiment, t.arm), []).append(t)
+            self._index = idx
+        return list(self._index.get((backend, experiment, arm), []))
+
+    def config(self, backend: str, experiment: str) -> ExperimentConfig | None:
+        """The config of a group (from its first trial that has one)."""
+        key = (backend, experiment)
+        if key not in self._configs:
+            self._configs[key] = next((t.config for t in self.select(backend, experiment) if t.config is not None),
+                                      None)
+        return self._configs[key]
+
+    def baseline_arm(self, backend: str, experiment: str) -> str:
+        """The group's reference arm (``cfg.baseline_arm``; ``"baseline"`` when no config is known)."""
+        cfg = self.config(backend, experiment)
+        return cfg.baseline_arm if cfg is not None else "baseline"
+
+    def arms(self, backend: str, experiment: str) -> list[str]:
+        """Arms present in a group in ``arm_order``: baseline, other arms by name, fixed caps by cap."""
+        base = self.baseline_arm(backend, experiment)
+        return sorted({t.arm for t in self.select(backend, experiment)}, key=lambda a: arm_order(a, base))
+
+    def problems_for(self, backend: str, experiment: str) -> list[tuple[str, str]]:
+        """Load problems whose path lies in this group's directory."""
+        prefix = str(self.root / backend / experiment) + os.sep
+        return [p for p in self.problems if p[0].startswith(prefix)]
+
+    def problem_report(self) -> str:
+        """One line per trial directory that could not be loaded ("" when none)."""
+        return "\n".join(f"corrupt or partial trial {p}: {m}" for p, m in self.problems)
+
+    def digest(self, lt: LoadedTrial) -> dict | None:
+        """What ``load_traces`` computed for ``lt`` (keys summary, itl, tokens, guarded); ``None`` if it did not."""
+        return self._digests.get(str(lt.path))
+
+    def cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` the first time ``name`` is asked for, the same object afterwards."""
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    def summary(self) -> pd.DataFrame:
+        """``dlfp.analysis.tables.summaries.trial_summaries`` of this set (computed once)."""
+        from dlfp.analysis.tables.summaries import trial_summaries  # summaries builds on this module
+
+        return self.cached("summary", lambda: trial_summaries(self))
+
+
+def _config_of(trial: Trial) -> ExperimentConfig | None:
+    md = trial.metadata.get("config")
+    if isinstance(md, dict):
+        try:
+            return ExperimentConfig.model_validate(md)
+        except Exception:  # recorded config of an older schema: fall back to the shipped one
+            pass
+    try:
+        return load_experiment(str(trial.metadata.get("experiment")))
+    except ConfigError:
+        return None
+
+
+def _digest(path: Path) -> dict[str, Any]:
+    """Load one trial and compute what every table needs once: summary (``metrics.summarize``) and ITL samples.
+
+    Returns ``{path, error}`` for a trial that cannot be used, else ``{path,
+    loaded, summary, itl, tokens, guarded}``.
+    """
+    backend, experiment, arm, seed_dir = path.parts[-4:]
+    try:
+        trial = load_trial(path)
+    except TraceError as e:
+        return dict(path=path, error=str(e))
+    md = trial.metadata
+    where = (md.get("backend"), md.get("experiment"), md.get("arm"), f"seed-{md.get('seed')}")
+    if where != (backend, experiment, arm, seed_dir):
+        return dict(path=path, error=f"metadata names {'/'.join(map(str, where))}, not its directory")
+    lt = LoadedTrial(backend, experiment, arm, int(md["seed"]), path, trial, _config_of(trial))
+    try:
+        summary = metrics.summarize(trial, lt.slo)
+    except ValueError as e:
+        return dict(path=path, error=f"cannot summarise: {e}")
+    return dict(path=path, loaded=lt, summary=summary, itl=metrics.itl_samples(trial),
+                tokens=measured_token_ids(trial), guarded=guarded_iterations(trial))
+
+
+def _trial_paths(root: Path, backends: Sequence[str] | None, experiments: Sequence[str] | None) -> list[Path]:
+    """Trial directories under ``root``, restricted to ``backends`` and ``experiments`` when given."""
+    paths = []
+    for path in find_trials(root):
+        backend, experiment = path.parts[-4:-2]
+        if backends and backend not in backends or experiments and experiment not in experiments:
+            continue
+        paths.append(path)
+    return paths
+
+
+def _digest_all(paths: list[Path], workers: int) -> list[dict[str, Any]]:
+    """``_digest`` of every path, in ``workers`` spawned processes when more than one."""
+    if workers <= 1:
+        return [_digest(p) for p in paths]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    # "spawn": a forked child could inherit locked pyarrow/zmq threads from a notebook kernel.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(_digest, paths, chunksize=max(1, len(paths) // (4 * workers))))
+
+
+def load_traces(root: str | Path, backends: Sequence[str] | None = None,
+                experiments: Sequence[str] | None = None, workers: int | None = None) -> TraceSet:
+    """Load every trial under ``root`` (``<root>/<backend>/<experiment>/<arm>/seed-<seed>``).
+
+    A directory that fails to load (``dlfp.traces.format.TraceError``: partial,
+    corrupt, invalid) is not used; it is listed in ``TraceSet.problems`` with
+    its path and the reason, so callers can report it rather than plot around
+    it silently. A trial whose metadata disagrees with its place in the tree
+    is a problem too. Each trial's ``metrics.summarize`` and ITL samples are
+    computed here once; ``workers`` > 1 does that in parallel processes
+    (default: up to 4 from ``PARALLEL_MIN_TRIALS`` trials on).
+
+    Raises:
+        FileNotFoundError: ``root`` is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"traces directory {root} does not exist")
+    paths = _trial_paths(root, backends, experiments)
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1) if len(paths) >= PARALLEL_MIN_TRIALS else 1
+    ts = TraceSet(root=root)
+    for d in _digest_all(paths, workers):
+        if "error" in d:
+            ts.problems.append((str(d["path"]), d["error"]))
+            continue
+        ts.trials.append(d["loaded"])
+        ts._digests[str(d["path"])] = d
+    ts.trials.sort(key=lambda t: (t.backend, t.experiment, t.arm, t.seed))
+    return ts
+
+
+def itl_samples(ts: TraceSet, lt: LoadedTrial) -> np.ndarray:
+    """``dlfp.analysis.metrics.itl_samples`` of a loaded trial (seconds), computed once at load time."""
+    d = ts.digest(lt)
+    return d["itl"] if d is not None else metrics.itl_samples(lt.trial)
+
+
+def guarded_of(ts: TraceSet, lt: LoadedTrial) -> pd.DataFrame:
+    """``guarded_iterations`` of a loaded trial, computed once at load time."""
+    d = ts.digest(lt)
+    return d["guarded"] if d is not None else guarded_iterations(lt.trial)
+
+
+__all__ = ["FIXED_CAP_PREFIX", "PARALLEL_MIN_TRIALS", "LoadedTrial", "TraceSet", "arm_order", "guarded_of",
+           "itl_samples", "load_traces"]
