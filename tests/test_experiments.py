@@ -14,7 +14,7 @@ from dlfp.workload.generator import resolve_trace_path
 PKG = PACKAGE_DIR
 MODELS = yaml.safe_load((PKG / "models" / "qwen3.yaml").read_text())
 GPUS = yaml.safe_load((PKG / "hardware" / "gpus.yaml").read_text())
-SHARED = Path(__file__).parents[1].parent / "shared"
+WORKLOADS = PACKAGE_DIR.parents[1] / "data" / "workloads"
 
 # The paper's table of experiments: name -> (model, tp, rate req/s or None = our choice, measured requests)
 PAPER_TABLE = {
@@ -123,13 +123,12 @@ def test_trace_rows(name):
     assert cfg.workload.kind == "trace" and tr.format == "mooncake" and tr.nonmatching
     assert (cfg.model, cfg.tp, cfg.workload.rate, cfg.workload.num_requests) == (
         base.model, base.tp, base.workload.rate, base.workload.num_requests)
-    assert resolve_trace_path(tr.path) == (SHARED / "traces" / "mooncake_conversation_trace.jsonl").resolve()
+    assert resolve_trace_path(tr.path) == (WORKLOADS / "mooncake_conversation_trace.jsonl").resolve()
     repo = EXPERIMENTS_DIR.parents[2]
-    assert not list((repo / "artifact").rglob("*.jsonl")) and not list((repo / "data").rglob("mooncake*"))
+    assert not list((repo / "artifact").rglob("*.jsonl"))  # the public traces live in data/workloads only
+    assert {p.parent for p in (repo / "data").rglob("mooncake*.jsonl")} == {WORKLOADS}
 
 
-@pytest.mark.shared
-@pytest.mark.skipif(not (SHARED / "traces").exists(), reason="needs ../shared/traces")
 @pytest.mark.parametrize("name", list(TRACE_ROWS))
 def test_trace_rows_build_their_workload(name):
     from dlfp.workload.generator import make_workload

@@ -23,8 +23,8 @@ from dlfp.workload.generator import (
     sample_agent_lengths,
 )
 
-SHARED = Path(__file__).parents[1].parent / "shared"
-MOONCAKE = SHARED / "traces" / "mooncake_conversation_trace.jsonl"
+WORKLOADS = Path(__file__).resolve().parents[1] / "data" / "workloads"
+MOONCAKE = WORKLOADS / "mooncake_conversation_trace.jsonl"
 
 
 def fixed(**kw) -> Workload:
@@ -159,7 +159,7 @@ def test_bad_quantile_table(tmp_path):
 
 
 def test_agent_table_matches_published_trace_facts():
-    """The committed table carries the Mooncake facts stated in ../shared/traces/README.md."""
+    """The committed table carries the Mooncake facts stated in data/workloads/README.md."""
     p, q = agent_quantile_table()
     meta = json.loads(AGENT_QUANTILES_PATH.read_text())
     assert "Mooncake" in meta["source"] and meta["rows"] == 12031
@@ -182,8 +182,6 @@ def test_agent_lengths_follow_the_table_and_clip():
     assert abs((L == 40832).mean() - tail) < 4 * np.sqrt(tail * (1 - tail) / 4000)
 
 
-@pytest.mark.shared
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces/mooncake_conversation_trace.jsonl")
 def test_quantile_table_reproduced_from_trace():
     from dlfp.workload.profiles import derive_agent_quantiles
 
@@ -299,15 +297,13 @@ def test_bad_trace_files_give_one_line_errors(tmp_path):
 
 
 def test_relative_trace_path_resolves_against_repo_root():
-    assert resolve_trace_path("../shared/traces/x.jsonl") == (REPO_ROOT.parent / "shared/traces/x.jsonl").resolve()
+    assert resolve_trace_path("data/workloads/x.jsonl") == (REPO_ROOT / "data/workloads/x.jsonl").resolve()
     assert resolve_trace_path("/abs/x.csv") == Path("/abs/x.csv")
 
 
-@pytest.mark.shared
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces/mooncake_conversation_trace.jsonl")
 def test_real_mooncake_replay_from_repo_relative_path():
     wl = Workload(kind="trace", rate=1.0, num_requests=100, num_warmup=5, max_prompt_tokens=40832,
-                  trace=TraceReplay(path="../shared/traces/mooncake_conversation_trace.jsonl", format="mooncake",
+                  trace=TraceReplay(path="data/workloads/mooncake_conversation_trace.jsonl", format="mooncake",
                                     max_prompt_tokens=40832))
     inst = make_workload(wl, 801)
     t = np.array([r.arrival_s for r in inst.requests])
@@ -387,8 +383,6 @@ def test_empty_trace_start_beyond_file_and_missing_seed_window(tmp_path, mooncak
         make_workload(trace_wl(mooncake_file, 1, start_by_seed={1: 0}), 3)
 
 
-@pytest.mark.shared
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
 def test_shared_traces_pass_the_row_checks():
     """The real traces are in time order with finite times and non-negative lengths (row counts from the files)."""
     assert len(load_trace(MOONCAKE, "mooncake")) == 12031

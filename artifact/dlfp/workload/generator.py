@@ -13,13 +13,12 @@ Workload kinds
 * ``agent``: prompt lengths sampled by inverse-CDF interpolation from a
   quantile table of the ``input_length`` column of the public Mooncake
   conversation trace (FAST'25 release, Kimi production service,
-  ``../shared/traces/mooncake_conversation_trace.jsonl``). The paper's
+  ``data/workloads/mooncake_conversation_trace.jsonl``). The paper's
   "Agent" prompts are long agentic prompts whose length distribution it does
   not state; the Mooncake conversation trace (median 6,909, mean 12,035, max
   126,195 tokens) is the closest public stand-in. The table is
   ``dlfp/data/agent_prompt_quantiles.json``, derived by
-  ``python -m dlfp.workload.profiles`` (the trace itself is never copied into
-  the repository). Lengths are multiplied by ``wl.prompt_scale``, rounded, and
+  ``python -m dlfp.workload.profiles`` from the shipped trace. Lengths are multiplied by ``wl.prompt_scale``, rounded, and
   clipped to ``[wl.min_prompt_tokens, wl.max_prompt_tokens]``. Poisson
   arrivals.
 * ``trace``: replay of a production trace (Mooncake JSONL or Azure LLM

@@ -5,11 +5,10 @@ Usage (from the repository root)::
     python -m dlfp.workload.profiles            # writes dlfp/data/agent_prompt_quantiles.json
     python -m dlfp.workload.profiles --check    # exit 1 if the committed table differs
 
-Source: ``../shared/traces/mooncake_conversation_trace.jsonl`` = Mooncake
+Source: ``data/workloads/mooncake_conversation_trace.jsonl`` (shipped unchanged) = Mooncake
 FAST'25 release, ``FAST25-release/traces/conversation_trace.jsonl`` in
 kvcache-ai/Mooncake (Kimi production conversation service, Apache-2.0),
-column ``input_length`` (tokens), all 12,031 rows. Only the derived quantiles
-are committed, never the trace.
+column ``input_length`` (tokens), all 12,031 rows.
 
 Method: ``numpy.quantile`` (method ``linear``) of ``input_length`` at
 probabilities 0.00, 0.01, ..., 0.99 and 0.991, ..., 1.000 (the tail is
@@ -30,10 +29,10 @@ import numpy as np
 
 from dlfp.workload.generator import AGENT_QUANTILES_PATH, REPO_ROOT, load_trace
 
-DEFAULT_TRACE = "../shared/traces/mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = "data/workloads/mooncake_conversation_trace.jsonl"
 SOURCE = ("Mooncake FAST'25 release, FAST25-release/traces/conversation_trace.jsonl in kvcache-ai/Mooncake "
           "(Kimi production conversation service, Apache-2.0); column input_length; read from "
-          "../shared/traces/mooncake_conversation_trace.jsonl")
+          "data/workloads/mooncake_conversation_trace.jsonl")
 
 
 def probability_grid() -> np.ndarray:

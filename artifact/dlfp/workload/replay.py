@@ -36,7 +36,7 @@ class TraceRequest:
 
 def resolve_trace_path(path: str | Path) -> Path:
     """Absolute path of a trace file; a relative path resolves against the repository root
-    (so ``../shared/traces/x.jsonl`` works from the repo root), falling back to the working directory."""
+    (so ``data/workloads/x.jsonl`` works from anywhere in the checkout), falling back to the working directory."""
     p = Path(path).expanduser()
     if p.is_absolute():
         return p

@@ -75,8 +75,8 @@ class EmuBatch:
 class LinearDeviceTime:
     """Device time ``base_s + per_token_s * num_tokens + per_decode_s * num_decodes`` (seconds).
 
-    A hand-checkable stand-in for the cost model (the prototype's model in
-    ``../shared/prototypes/vllm-emulated-device``). No published source: tests
+    A hand-checkable stand-in for the cost model (the model of an earlier
+    emulated-device prototype). No published source: tests
     pick the constants so that batches are easy to tell apart.
 
     Raises:
