@@ -57,9 +57,14 @@ def test_config_validates_and_is_consistent(name):
     # TP must split the attention and KV heads
     assert arch["num_attention_heads"] % cfg.tp == 0 and arch["num_key_value_heads"] % cfg.tp == 0
     wl = cfg.workload
-    assert wl.max_prompt_tokens + wl.output_tokens <= cfg.max_model_len <= arch["max_position_embeddings"]
+    if wl.kind == "requests":  # a request list is taken as given: every request fits, one seed (others are copies)
+        assert max(r.prompt_tokens + r.output_tokens for r in wl.requests) <= cfg.max_model_len
+        assert cfg.seeds == [801]
+    else:
+        assert wl.max_prompt_tokens + wl.output_tokens <= cfg.max_model_len
+        assert cfg.seeds == [801, 802, 803]
+    assert cfg.max_model_len <= arch["max_position_embeddings"]
     assert wl.vocab_size == arch["vocab_size"]
-    assert cfg.seeds == [801, 802, 803]
     assert cfg.arms[cfg.baseline_arm].policy == "nocap"
     # the paper's two arms, plus DLFP-S (this artifact's controller) and its ablations
     assert {"baseline", "dlfp"} <= set(cfg.arms)

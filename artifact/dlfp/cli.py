@@ -61,8 +61,9 @@ def _list(p: argparse.ArgumentParser) -> Handler:
             try:
                 c = load_experiment(n)
                 only = [t for t in c.tags if t.startswith("backend:") or t.endswith("-only")]
+                rate = f"{c.workload.rate:g}/s" if c.workload.uses_rate() else c.workload.kind
                 print(f"{n:34s} {c.model:12s} {c.gpu:18s} tp={c.tp} {c.scheduling:5s} "
-                      f"rate={c.workload.rate:g}/s n={c.workload.num_requests} arms={','.join(c.arms)} "
+                      f"rate={rate} n={c.workload.num_requests} arms={','.join(c.arms)} "
                       f"seeds={','.join(map(str, c.seeds))}{'  ' + ' '.join(only) if only else ''}")
             except ConfigError as e:
                 print(f"{n:34s} INVALID: {e}")

@@ -37,8 +37,9 @@ Int = Annotated[int, BeforeValidator(reject_bool)]
 #: A float field that rejects booleans; non-finite values are rejected model-wide (``allow_inf_nan=False``).
 Float = Annotated[float, BeforeValidator(reject_bool)]
 
-#: Experiment and arm names become directory names under ``--out``: no path separators, no ``..``.
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: Experiment and arm names become directory names under ``--out``: no path separators, no ``..``. A run with
+#: ``--set`` overrides is its own experiment ``<name>+<8 hex>`` (``dlfp.pipeline.plan.derived_experiment``).
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\+[0-9a-f]{8})?")
 
 
 def check_plain_name(v: Any) -> str:
@@ -90,6 +91,17 @@ class TraceReplay(_Strict):
     max_prompt_tokens: Int = Field(default=32768, gt=0)
     start_by_seed: dict[Annotated[int, Field(ge=0)], Annotated[Int, Field(ge=0)]] | None = Field(
         default=None, description="seed -> start row; paired seeds replay different trace windows")
+    timing: Literal["rate", "native"] | None = Field(
+        default=None, description="rate (default): time-scale the window to workload.rate; native: the trace's own "
+                                  "timestamps (workload.rate unused)")
+
+
+class RequestRow(_Strict):
+    """One request of an explicit request list: arrival (s from the trial start), prompt and output tokens."""
+
+    arrival_s: Float = Field(ge=0)
+    prompt_tokens: Int = Field(gt=0)
+    output_tokens: Int = Field(gt=0)
 
 
 class Workload(_Strict):
@@ -100,8 +112,9 @@ class Workload(_Strict):
     requests come first and are excluded from metrics.
     """
 
-    kind: Literal["agent", "fixed", "trace"] = "agent"
-    rate: Float = Field(gt=0)
+    kind: Literal["agent", "fixed", "trace", "requests"] = "agent"
+    rate: Float | None = Field(default=None, gt=0, description="requests/s; not used by request lists and "
+                                                               "natively timed traces")
     num_requests: Int = Field(gt=0, description="measured requests")
     num_warmup: Int = Field(default=0, ge=0)
     output_tokens: Int = Field(default=128, gt=0)
@@ -111,6 +124,9 @@ class Workload(_Strict):
     max_prompt_tokens: Int = Field(default=32768, gt=0)
     vocab_size: Int = Field(default=151936, gt=1000)
     trace: TraceReplay | None = None
+    requests: list[RequestRow] | None = Field(default=None, description="kind=requests: the request list, in order")
+    requests_csv: str | None = Field(default=None, description="kind=requests: a CSV with columns arrival_s, "
+                                                               "prompt_tokens, output_tokens (repo-relative path)")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "Workload":
@@ -118,9 +134,24 @@ class Workload(_Strict):
             raise ValueError("workload.prompt_tokens is required when kind=fixed")
         if self.kind == "trace" and self.trace is None:
             raise ValueError("workload.trace is required when kind=trace")
+        if self.kind == "requests" and (self.requests is None) == (self.requests_csv is None):
+            raise ValueError("workload: kind=requests needs exactly one of requests and requests_csv")
+        if self.kind != "requests" and (self.requests is not None or self.requests_csv is not None):
+            raise ValueError(f"workload.requests: only for kind=requests, not kind={self.kind}")
+        if self.rate is None and self.uses_rate():
+            raise ValueError(f"workload.rate is required for kind={self.kind}")
         if self.min_prompt_tokens > self.max_prompt_tokens:
             raise ValueError("workload.min_prompt_tokens is larger than max_prompt_tokens")
+        if self.requests is not None and len(self.requests) != self.num_warmup + self.num_requests:
+            raise ValueError(f"workload.requests: {len(self.requests)} rows, but num_warmup + num_requests = "
+                             f"{self.num_warmup + self.num_requests}")
         return self
+
+    def uses_rate(self) -> bool:
+        """Whether arrivals depend on ``rate`` (Poisson arrivals, or a trace time-scaled to it)."""
+        if self.kind == "requests":
+            return False
+        return not (self.kind == "trace" and self.trace is not None and self.trace.timing == "native")
 
     def longest_prompt(self) -> int:
         """The longest prompt (tokens) this workload can produce after clipping."""
@@ -302,22 +333,47 @@ def _validate(data: dict, where: str) -> ExperimentConfig:
     return cfg
 
 
+def _longest_request(cfg: ExperimentConfig) -> tuple[int, str]:
+    """The longest request (prompt + output tokens) the workload can send, and how it was found."""
+    wl = cfg.workload
+    own_outputs = wl.kind == "trace" and wl.trace is not None and wl.trace.use_trace_output_lengths
+    if wl.kind == "requests" or own_outputs:
+        from dlfp.workload.generator import make_workload  # builds the actual requests (cached trace reads)
+
+        longest = max(max(r.prompt_tokens + r.output_tokens for r in make_workload(wl, s).requests)
+                      for s in cfg.seeds)
+        return longest, "the longest request of the workload (its prompt + its own output length)"
+    return (wl.longest_prompt() + wl.output_tokens,
+            f"workload.max_prompt_tokens ({wl.longest_prompt()} after clipping) + workload.output_tokens "
+            f"({wl.output_tokens})")
+
+
 def check_runnable(cfg: ExperimentConfig, where: str | None = None) -> None:
     """Checks across fields that every backend needs, run by ``load_experiment``/``with_overrides``
     (and ``dlfp.pipeline.run_experiment``) before any trial runs.
 
-    The longest request (longest prompt after clipping + ``output_tokens``)
-    must fit ``max_model_len``, else vLLM rejects it mid-run.
+    * ``max_model_len`` may not exceed the model's ``max_position_embeddings`` (vLLM refuses to start);
+    * the longest request (prompt + output tokens; a request list's or a trace's own output lengths when
+      used) must fit ``max_model_len``, else vLLM rejects it mid-run.
 
     Raises:
         ConfigError: naming the fields and the numbers.
+        dlfp.workload.requests.WorkloadError: the workload cannot be built (a missing request CSV or trace).
     """
-    wl = cfg.workload
-    longest = wl.longest_prompt() + wl.output_tokens
+    from dlfp.devices.specs import CostModelError, load_model
+
+    what = where or f"experiment {cfg.name!r}"
+    try:
+        limit = load_model(cfg.model).max_position_embeddings
+    except CostModelError:
+        limit = None  # an unknown model is reported by the backend, naming the known ones
+    if limit is not None and cfg.max_model_len > limit:
+        raise ConfigError(f"{what}: field max_model_len: {cfg.max_model_len} exceeds {cfg.model}'s "
+                          f"max_position_embeddings ({limit}); vLLM refuses such an engine")
+    longest, how = _longest_request(cfg)
     if longest > cfg.max_model_len:
-        raise ConfigError(f"{where or f'experiment {cfg.name!r}'}: field max_model_len: {cfg.max_model_len} is "
-                          f"shorter than the longest request: workload.max_prompt_tokens ({wl.longest_prompt()} "
-                          f"after clipping) + workload.output_tokens ({wl.output_tokens}) = {longest}")
+        raise ConfigError(f"{what}: field max_model_len: {cfg.max_model_len} is shorter than the longest request: "
+                          f"{how} = {longest}")
 
 
 def validation_message(e: ValidationError) -> str:

@@ -18,8 +18,8 @@ Workload kinds
   not state; the Mooncake conversation trace (median 6,909, mean 12,035, max
   126,195 tokens) is the closest public stand-in. The table is
   ``dlfp/data/agent_prompt_quantiles.json``, derived by
-  ``python -m dlfp.workload.profiles`` from the shipped trace. Lengths are multiplied by ``wl.prompt_scale``, rounded, and
-  clipped to ``[wl.min_prompt_tokens, wl.max_prompt_tokens]``. Poisson
+  ``python -m dlfp.workload.profiles`` from the shipped trace. Lengths are
+  multiplied by ``wl.prompt_scale``, rounded, and clipped to ``[wl.min_prompt_tokens, wl.max_prompt_tokens]``. Poisson
   arrivals.
 * ``trace``: replay of a production trace (Mooncake JSONL or Azure LLM
   inference CSV, :func:`load_trace`). Rows after ``trace.start`` are taken in
@@ -34,6 +34,13 @@ Workload kinds
   ``trace.use_trace_output_lengths``. Token ids are fresh (nonmatching) or,
   with ``trace.follow_hash_ids`` (Mooncake only), one fixed random 512-token
   block per hash id.
+
+* ``requests``: an explicit request list, inline (``wl.requests``: arrival_s,
+  prompt_tokens, output_tokens per request) or a CSV with those columns
+  (``wl.requests_csv``); taken as given: no rate, no clipping.
+
+With ``trace.timing: native`` a replay keeps the trace's own timestamps
+(shifted to start at 0) instead of time-scaling them to ``wl.rate``.
 
 Arrivals (``fixed``/``agent``): a Poisson process of rate ``wl.rate``
 requests/s: exponential inter-arrival gaps of mean ``1/wl.rate`` s, the first
@@ -63,7 +70,8 @@ import numpy as np
 
 from dlfp.paths import DATA_DIR, REPO_ROOT  # noqa: F401  (REPO_ROOT: relative paths resolve against it)
 from dlfp.workload.replay import (MOONCAKE_BLOCK_TOKENS, TraceRequest, common_hash_ids,  # noqa: F401
-                                  load_trace, nonmatching_rows, resolve_trace_path, trace_instance_parts, trace_start)
+                                  load_request_list, load_trace, nonmatching_rows, resolve_trace_path,
+                                  trace_instance_parts, trace_start)
 from dlfp.workload.requests import (TOKEN_ID_LOW, RequestSpec, WorkloadError, WorkloadInstance,  # noqa: F401
                                     fingerprint, fresh_prompts)
 
@@ -121,6 +129,28 @@ def sample_agent_lengths(rng: np.random.Generator, n: int, *, scale: float = 1.0
 
 
 
+def request_list_parts(wl: "Workload", tok_rng: np.random.Generator):
+    """Arrivals, prompt lengths and output lengths of an explicit request list (inline or CSV), with fresh
+    nonmatching prompt ids; the list is taken as given (no clipping, no rate).
+
+    Raises:
+        WorkloadError: a bad CSV, decreasing arrivals, or a row count that is not num_warmup + num_requests.
+    """
+    if wl.requests is not None:
+        rows = [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in wl.requests]
+    else:
+        rows = load_request_list(wl.requests_csv)
+    total = wl.num_warmup + wl.num_requests
+    if len(rows) != total:
+        raise WorkloadError(f"workload.requests_csv: {len(rows)} rows, but num_warmup + num_requests = {total}")
+    arrivals = np.array([r[0] for r in rows], dtype=float)
+    if np.any(np.diff(arrivals) < 0):
+        raise WorkloadError("workload.requests: arrival_s must not decrease from one request to the next")
+    lengths = np.array([r[1] for r in rows], dtype=np.int64)
+    outs = np.array([r[2] for r in rows], dtype=np.int64)
+    return arrivals, lengths, outs, fresh_prompts(tok_rng, lengths, wl.vocab_size)
+
+
 def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
     """Build the concrete workload for ``(wl, seed)``; deterministic.
 
@@ -137,6 +167,8 @@ def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
     tok_rng = np.random.default_rng(ss_tok)
     if wl.kind == "trace":
         arrivals, lengths, outs, ids_list = trace_instance_parts(wl, int(seed), tok_rng)
+    elif wl.kind == "requests":
+        arrivals, lengths, outs, ids_list = request_list_parts(wl, tok_rng)
     else:
         gaps = np.random.default_rng(ss_arr).exponential(1.0 / wl.rate, size=total)
         arrivals = np.cumsum(gaps)

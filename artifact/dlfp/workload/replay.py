@@ -213,7 +213,9 @@ def trace_instance_parts(wl: "Workload", seed: int, tok_rng: np.random.Generator
     sel = [rows[i] for i in idx[:total]]
     t = np.array([r.time_s for r in sel], dtype=float)
     t = t - t[0]
-    if total > 1:
+    if tr.timing == "native":
+        arrivals = t  # the trace's own inter-arrival times
+    elif total > 1:
         if t[-1] <= 0:
             raise WorkloadError(f"workload.trace: the {total} selected requests of {tr.path} all share one timestamp; "
                                 "cannot time-scale to a rate")
@@ -246,3 +248,36 @@ def trace_instance_parts(wl: "Workload", seed: int, tok_rng: np.random.Generator
     else:
         ids_list = fresh_prompts(tok_rng, lengths, wl.vocab_size)
     return arrivals, lengths, outs, ids_list
+
+
+def load_request_list(path: str | Path) -> list[tuple[float, int, int]]:
+    """``(arrival_s, prompt_tokens, output_tokens)`` rows of a request-list CSV (header
+    ``arrival_s,prompt_tokens,output_tokens``), sorted by arrival as given.
+
+    Raises:
+        WorkloadError: missing file, wrong header, a non-numeric or out-of-range value, or decreasing arrivals;
+            one line naming the file and row.
+    """
+    p = resolve_trace_path(path)
+    if not p.is_file():
+        raise WorkloadError(f"workload.requests_csv: {p} does not exist")
+    try:
+        df = pd.read_csv(p)
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"workload.requests_csv: {p} is not a readable CSV ({type(e).__name__})") from None
+    want = ["arrival_s", "prompt_tokens", "output_tokens"]
+    if list(df.columns) != want:
+        raise WorkloadError(f"workload.requests_csv: {p} has columns {list(df.columns)}; expected {want}")
+    rows = []
+    prev = 0.0
+    for i, (a, n, m) in enumerate(df.itertuples(index=False), start=2):  # row 1 is the header
+        try:
+            a, n, m = float(a), int(n), int(m)
+        except (TypeError, ValueError):
+            raise WorkloadError(f"workload.requests_csv: {p} row {i}: not numbers") from None
+        if not np.isfinite(a) or a < prev or n <= 0 or m <= 0:
+            raise WorkloadError(f"workload.requests_csv: {p} row {i}: need arrival_s >= the previous row's, "
+                                f"prompt_tokens > 0 and output_tokens > 0")
+        rows.append((a, n, m))
+        prev = a
+    return rows
