@@ -258,7 +258,8 @@ def error_table(comp: pd.DataFrame, ar: pd.DataFrame) -> pd.DataFrame:
             ea = (gb.after_s / gb.measured_s - 1).abs()
             target = 0.10 if order[band] >= 2 else 0.20
             rows.append((rel, COMPUTE_FILES[rel][0], int(tp), fam, band, len(gb), gb.split.iloc[0],
-                         eb.median(), eb.max(), ea.median(), ea.max(), target, "yes" if ea.median() <= target else "no"))
+                         eb.median(), eb.max(), ea.median(), ea.max(), target,
+                         "yes" if ea.median() <= target else "no"))
     a = ar.assign(band=[_band(s, SIZE_BANDS) for s in ar.size_bytes])
     order = {b[2]: i for i, b in enumerate(SIZE_BANDS)}
     for n, g in a.groupby("n_gpus"):
