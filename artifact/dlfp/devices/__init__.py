@@ -1,1 +1,2 @@
-"""Device models: model and GPU specs, the roofline cost model, the fitted CPU model, and host costs."""
+"""Device models: model and GPU specs, batch features, the roofline cost model, the fitted CPU model, host costs,
+and the operator-level model held against measured GPU operator times (``operators``, ``attention``)."""
