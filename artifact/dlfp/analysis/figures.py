@@ -10,6 +10,7 @@ place (``placeholder``) instead of being left out or drawn from partial data.
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -32,14 +33,15 @@ NAMED_ARM_COLORS = {
     "dlfps": sns.color_palette("colorblind")[2],
 }
 PNG_METADATA = {"Software": None}
-PDF_METADATA = {"CreationDate": None, "Producer": None, "Creator": None}
+PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
+SVG_HASHSALT = "dlfp"
 _CAP_RE = re.compile(r"(?:fixed|cap)[-_]?(\d+)", re.IGNORECASE)
 
 
 def theme() -> None:
     """The seaborn theme every figure uses (white grid, paper context)."""
     sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
-    plt.rcParams["svg.hashsalt"] = "dlfp"
+    plt.rcParams["svg.hashsalt"] = SVG_HASHSALT
     plt.rcParams["pdf.fonttype"] = 3
 
 
@@ -130,9 +132,23 @@ def empty_figure(message: str):
     return fig
 
 
+def _atomic_savefig(fig, path: Path, fmt: str, **kwargs) -> None:
+    """``fig.savefig`` into ``.<name>.tmp-<pid>`` beside ``path``, renamed into place (never a partial file)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fig.savefig(tmp, format=fmt, **kwargs)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def save(fig, results_dir: str | Path, name: str, *, close: bool = True,
          formats: Sequence[str] = ("png", "pdf")) -> tuple[Path | None, Path | None]:
-    """Write ``<results_dir>/<name>.png`` and ``.pdf`` (those in ``formats``) with fixed metadata (no dates).
+    """Write ``<results_dir>/<name>.png`` and ``.pdf`` (those in ``formats``) with fixed metadata, atomically.
+
+    No dates, no producer string and a fixed ``svg.hashsalt``: the same
+    figure gives byte-identical files on every run.
 
     The layout is computed once and frozen, so both files share it. Returns
     ``(png_path, pdf_path)``, ``None`` for a format not written.
@@ -150,12 +166,13 @@ def save(fig, results_dir: str | Path, name: str, *, close: bool = True,
         engine.execute(fig)  # lay out once, not once per file
         fig.set_layout_engine("none")
     png = pdf = None
+    plt.rcParams["svg.hashsalt"] = SVG_HASHSALT  # ids in vector output from a fixed salt, not a random one
     if "png" in formats:
         png = d / f"{name}.png"
-        fig.savefig(png, dpi=130, metadata=PNG_METADATA)
+        _atomic_savefig(fig, png, "png", dpi=130, metadata=PNG_METADATA)
     if "pdf" in formats:
         pdf = d / f"{name}.pdf"
-        fig.savefig(pdf, metadata=PDF_METADATA)
+        _atomic_savefig(fig, pdf, "pdf", metadata=PDF_METADATA)
     if close:
         plt.close(fig)
     return png, pdf

@@ -26,8 +26,11 @@ Modules, one per family of tables (all re-exported here):
 * ``sim_vs_emu``: the simulator against the emulated-device backend;
 * ``dlfps``: the DLFP-S target and ablation tables;
 * ``fidelity``: the tables of ``dlfp validate-sim``'s output;
+* ``checks``: the whole-set checks (every trial loads, no seed missing, paired trials share workload and
+  engine settings, seeds with identical workloads) and ``PartialTraceSet``;
 * ``problems``: trials that failed to load;
-* ``report``: ``write_tables``, every table at once.
+* ``report``: ``write_tables``, every table at once; ``render_tables``, checked first (``allow_partial``
+  writes into ``<results>-partial``).
 """
 from __future__ import annotations
 
@@ -40,10 +43,12 @@ from dlfp.analysis.tables.fidelity import FIDELITY_COLUMNS, fidelity_effect, fid
 from dlfp.analysis.tables.loading import (FIXED_CAP_PREFIX, PARALLEL_MIN_TRIALS, LoadedTrial, TraceSet, arm_order,
                                           guarded_of, itl_samples, load_traces)
 from dlfp.analysis.tables.problems import problems_frame, write_problems
-from dlfp.analysis.tables.published import (PUBLISHED_COLUMNS, PUBLISHED_METRICS, PVR_COLUMNS, empty_pvr,
-                                            load_published, published_vs_reproduced, pvr_markdown_frame,
+from dlfp.analysis.tables.published import (BY_CONSTRUCTION, PUBLISHED_COLUMNS, PUBLISHED_METRICS, PVR_COLUMNS,
+                                            empty_pvr, load_published, published_vs_reproduced, pvr_markdown_frame,
                                             write_published_vs_reproduced)
-from dlfp.analysis.tables.report import TABLE_NAMES, write_tables
+from dlfp.analysis.tables.checks import IDENTICAL_WORKLOADS, PartialTraceSet, trace_set_problems
+from dlfp.analysis.tables.report import (PARTIAL_SUFFIX, TABLE_NAMES, check_traces, partial_results_dir,
+                                         render_tables, write_tables)
 from dlfp.analysis.tables.root_cause import ROOT_CAUSE_COLUMNS, root_cause, write_root_cause
 from dlfp.analysis.tables.sim_vs_emu import (SIM_EMU_ITL_TOL, SIM_VS_EMU_COLUMNS, sim_vs_emu,
                                              sim_vs_emu_markdown_frame, write_sim_vs_emu)
@@ -52,6 +57,8 @@ from dlfp.analysis.tables.summaries import (CHANGE_METRICS, change_pct, headline
 from dlfp.analysis.tables.trial_frames import guarded_iterations, measured_token_ids, token_agreement
 
 __all__ = [
+    "BY_CONSTRUCTION", "IDENTICAL_WORKLOADS", "PARTIAL_SUFFIX", "PartialTraceSet", "check_traces",
+    "partial_results_dir", "render_tables", "trace_set_problems",
     "ARM_POINT_COLUMNS", "CHANGE_METRICS", "DEFAULT_TARGET_S", "DLFPS_ARM", "FIDELITY_COLUMNS", "FIXED_CAP_PREFIX",
     "PARALLEL_MIN_TRIALS", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS", "PVR_COLUMNS", "ROOT_CAUSE_COLUMNS",
     "SIM_EMU_ITL_TOL", "SIM_VS_EMU_COLUMNS", "TABLE_NAMES", "LoadedTrial", "TraceSet", "arm_order", "arm_points",

@@ -12,7 +12,7 @@ import pandas as pd
 
 from dlfp.analysis import metrics, stats
 from dlfp.analysis.markdown import write_table
-from dlfp.analysis.tables.loading import LoadedTrial, TraceSet
+from dlfp.analysis.tables.loading import LoadedTrial, TraceSet, mark_incomplete
 from dlfp.traces.format import Trial
 
 #: The paper's DLFP target in seconds (arXiv v1, 2026-09-29), drawn when an arm records none.
@@ -97,7 +97,8 @@ def arm_points(ts: TraceSet) -> pd.DataFrame:
 def write_arm_points(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
     """Write ``arm_points`` (CSV + Markdown)."""
     pts = arm_points(ts)
-    write_table(pts, results_dir, "arm_points", title="P99 ITL and TTFT per arm (mean, 95 % interval)")
+    write_table(mark_incomplete(pts, ts), results_dir, "arm_points",
+                title="P99 ITL and TTFT per arm (mean, 95 % interval)")
     return pts
 
 

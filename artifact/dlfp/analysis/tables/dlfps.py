@@ -13,7 +13,7 @@ import pandas as pd
 
 from dlfp.analysis import evaluation
 from dlfp.analysis.markdown import write_table
-from dlfp.analysis.tables.loading import TraceSet
+from dlfp.analysis.tables.loading import TraceSet, mark_incomplete
 
 DLFPS_ARM = "dlfps"
 ABLATION_COLUMNS = ["backend", "experiment", "arm", "p99_itl_change_pct_mean", "p99_itl_change_pct_ci_low",
@@ -92,11 +92,12 @@ def write_dlfps(ts: TraceSet, results_dir: str | Path) -> tuple[pd.DataFrame, pd
     tt, ab = dlfps_targets(ts), dlfps_ablation(ts)
     none = [] if len(tt) else [f"NO DATA: no traces have the {DLFPS_ARM!r} arm."]
     tmd = tt[["backend", "target", "experiment", "reached", "detail"]] if len(tt) else tt
-    write_table(tt, results_dir, "dlfps_targets", markdown=tmd,
+    write_table(mark_incomplete(tt, ts), results_dir, "dlfps_targets", markdown=mark_incomplete(tmd, ts),
                 title="DLFP-S against its targets (what is reached, not what was hoped)",
                 notes=none + ["value/threshold: change fractions with positive = lower than the baseline (TTFT "
                               "rows: increase); mean SLO passes; frontier rows: P99 ITL in seconds."])
-    write_table(ab, results_dir, "dlfps_ablation", title="DLFP-S ablation: paired change vs the baseline",
+    write_table(mark_incomplete(ab, ts), results_dir, "dlfps_ablation",
+                title="DLFP-S ablation: paired change vs the baseline",
                 notes=none + ["ΔP99 in percent, negative = lower than the baseline; 95 % paired t-interval over "
                               "seeds; SLO passes are means per trial."])
     return tt, ab

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dlfp.analysis import metrics
+from dlfp.analysis.tables import checks
 from dlfp.analysis.tables.trial_frames import guarded_iterations, measured_token_ids
 from dlfp.config import ConfigError, ExperimentConfig, load_experiment
 from dlfp.traces.format import TraceError, Trial, find_trials, load_trial
@@ -62,6 +63,10 @@ class TraceSet:
     _index: dict | None = field(default=None, repr=False)
     _configs: dict = field(default_factory=dict, repr=False)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: (backend, experiment) -> why its rows are incomplete; filled only by ``load_traces(allow_partial=True)``.
+    incomplete: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: True for a set loaded with ``allow_partial=True``: no claim of a table made from it agrees.
+    partial: bool = False
 
     def groups(self) -> list[tuple[str, str]]:
         """Sorted (backend, experiment) pairs that have at least one loaded trial."""
@@ -182,19 +187,25 @@ def _digest_all(paths: list[Path], workers: int) -> list[dict[str, Any]]:
 
 
 def load_traces(root: str | Path, backends: Sequence[str] | None = None,
-                experiments: Sequence[str] | None = None, workers: int | None = None) -> TraceSet:
-    """Load every trial under ``root`` (``<root>/<backend>/<experiment>/<arm>/seed-<seed>``).
+                experiments: Sequence[str] | None = None, workers: int | None = None, *,
+                allow_partial: bool = False) -> TraceSet:
+    """Load and check every trial under ``root`` (``<root>/<backend>/<experiment>/<arm>/seed-<seed>``).
 
-    A directory that fails to load (``dlfp.traces.format.TraceError``: partial,
-    corrupt, invalid) is not used; it is listed in ``TraceSet.problems`` with
-    its path and the reason, so callers can report it rather than plot around
-    it silently. A trial whose metadata disagrees with its place in the tree
-    is a problem too. Each trial's ``metrics.summarize`` and ITL samples are
+    Every trial must load (``dlfp.traces.format.TraceError``: partial,
+    corrupt, invalid; or metadata that disagrees with its place in the tree),
+    the set must be complete and every compared pair must share workload and
+    engine settings (``dlfp.analysis.tables.checks``). By default any problem
+    raises ``PartialTraceSet`` (one line naming the trial) before a table can
+    be written. With ``allow_partial=True`` the problems are kept in
+    ``TraceSet.problems``, the groups they lie in in ``TraceSet.incomplete``
+    (their table rows are marked "incomplete") and ``TraceSet.partial`` is set
+    (no claim agrees). Each trial's ``metrics.summarize`` and ITL samples are
     computed here once; ``workers`` > 1 does that in parallel processes
     (default: up to 4 from ``PARALLEL_MIN_TRIALS`` trials on).
 
     Raises:
         FileNotFoundError: ``root`` is not a directory.
+        PartialTraceSet: a problem, unless ``allow_partial``.
     """
     root = Path(root)
     if not root.is_dir():
@@ -210,8 +221,45 @@ def load_traces(root: str | Path, backends: Sequence[str] | None = None,
         ts.trials.append(d["loaded"])
         ts._digests[str(d["path"])] = d
     ts.trials.sort(key=lambda t: (t.backend, t.experiment, t.arm, t.seed))
+    problems = checks.trace_set_problems(ts)
+    if not allow_partial:
+        checks.raise_if_partial(ts, problems)
+    ts.partial = bool(allow_partial)
+    ts.problems = problems
+    ts.incomplete = checks.incomplete_groups(problems, root)
     return ts
 
+
+def is_claim_column(name: str) -> bool:
+    """A column holding a verdict (agrees, within an interval, same sign, reached), not a count of tokens."""
+    n = str(name).lower()
+    return not n.startswith("tokens") and any(w in n for w in ("agree", "same_sign", "same sign", "within",
+                                                                 "reached"))
+
+
+def mark_incomplete(df: pd.DataFrame, ts: TraceSet) -> pd.DataFrame:
+    """A table of a partial set as written: a ``status`` column, and no verdict anywhere.
+
+    ``status`` is "incomplete" on rows of ``ts.incomplete`` groups (matched on
+    ``backend`` and ``experiment``, or ``experiment`` alone), else ""; every
+    verdict column (``is_claim_column``) is emptied, since a partial set
+    supports no claim. ``df`` unchanged when the set is not partial.
+    """
+    if not ts.partial:
+        return df
+    out = df.copy()
+    for c in out.columns:
+        if is_claim_column(c):
+            out[c] = None
+    if "experiment" not in out.columns:
+        return out
+    if "backend" in out.columns:
+        keys = zip(out["backend"], out["experiment"])
+        status = ["incomplete" if k in ts.incomplete else "" for k in keys]
+    else:
+        bad = {e for _, e in ts.incomplete}
+        status = ["incomplete" if e in bad else "" for e in out["experiment"]]
+    return out.assign(status=status)
 
 def itl_samples(ts: TraceSet, lt: LoadedTrial) -> np.ndarray:
     """``dlfp.analysis.metrics.itl_samples`` of a loaded trial (seconds), computed once at load time."""
@@ -226,4 +274,5 @@ def guarded_of(ts: TraceSet, lt: LoadedTrial) -> pd.DataFrame:
 
 
 __all__ = ["FIXED_CAP_PREFIX", "PARALLEL_MIN_TRIALS", "LoadedTrial", "TraceSet", "arm_order", "guarded_of",
-           "itl_samples", "load_traces"]
+           "is_claim_column", "itl_samples", "load_traces",
+           "mark_incomplete"]

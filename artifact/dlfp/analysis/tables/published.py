@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from dlfp.analysis.markdown import write_table, yes_no
-from dlfp.analysis.tables.loading import TraceSet
+from dlfp.analysis.tables.checks import IDENTICAL_WORKLOADS
+from dlfp.analysis.tables.loading import TraceSet, mark_incomplete
+from dlfp.backends import get_backend
 from dlfp.analysis.tables.summaries import change_column, headline_per_seed, paired
 
 PUBLISHED_COLUMNS = ("experiment", "metric", "arm_or_change", "value", "unit", "source_sentence", "direction")
@@ -25,6 +27,8 @@ PUBLISHED_METRICS = {
     "energy_per_output_token": "energy_per_token_j",
     "slo_passes": "slo_passes",
 }
+#: ``agrees`` of a claim that holds on a backend whatever the engine does (``Backend.modelled_outputs``).
+BY_CONSTRUCTION = "by construction"
 PVR_COLUMNS = ["backend", "experiment", "metric", "arm_or_change", "unit", "published", "published_direction",
                "published_qualitative", "reproduced", "reproduced_direction", "agrees", "within_interval",
                "paper_interval", "note", "source_sentence"]
@@ -116,6 +120,9 @@ def _is_win(ts: TraceSet, backend: str, experiment: str, arm: str) -> bool | Non
 
 def _verdict(ts: TraceSet, backend: str, pub: pd.Series, candidate: str) -> dict[str, Any]:
     """``verdict`` rows: win / not a win, and whether the paper says the same."""
+    pc = paired(ts, backend, pub["experiment"], candidate, "p99_itl_ms")
+    if pc is not None and pc.note == IDENTICAL_WORKLOADS:
+        return dict(reproduced="", note=f"{IDENTICAL_WORKLOADS}, so no verdict")
     win = _is_win(ts, backend, pub["experiment"], candidate)
     out: dict[str, Any] = dict(reproduced="" if win is None else ("win" if win else "not a win"))
     if win is not None:
@@ -140,8 +147,14 @@ def _request_count(g: pd.DataFrame, pub: pd.Series, pubs: pd.DataFrame, base: st
     return out
 
 
-def _token_count(g: pd.DataFrame, pub: pd.Series, pubs: pd.DataFrame, base: str, candidate: str) -> dict:
-    """``token_ids_agree`` / ``token_ids_total`` rows: an agreeing pair counts once in each arm."""
+def _token_count(g: pd.DataFrame, pub: pd.Series, pubs: pd.DataFrame, base: str, candidate: str,
+                 backend: str) -> dict:
+    """``token_ids_agree`` / ``token_ids_total`` rows: an agreeing pair counts once in each arm.
+
+    On a backend with ``modelled_outputs`` (token ids a function of request and index) full agreement
+    holds by construction: ``agrees`` is then ``BY_CONSTRUCTION``, never a yes (a disagreement there is
+    still a no: it can only be a fault).
+    """
     c = g[g["arm"] == candidate]
     both = g[g["arm"].isin([base, candidate]) & g["seed"].isin(c["seed"])]
     total = float(both["output_tokens"].sum())
@@ -152,6 +165,10 @@ def _token_count(g: pd.DataFrame, pub: pd.Series, pubs: pd.DataFrame, base: str,
         if pub_tot is not None and np.isfinite(pub["value"]):
             out["agrees"] = (agree == total) == (pub["value"] == pub_tot)
         out["note"] = f"of {total:.0f} token ids in both arms (measured requests)"
+        if get_backend(backend).modelled_outputs and agree == total and out.get("agrees") is True:
+            out["agrees"] = BY_CONSTRUCTION
+            out["note"] += ("; by construction: this backend's token ids are a function of (request, index), "
+                            "so agreement across arms is no evidence")
     return out
 
 
@@ -217,6 +234,8 @@ def _paired_change(ts: TraceSet, backend: str, pub: pd.Series, pubs: pd.DataFram
             out["within_interval"] = bool(ci[0] <= pc.mean <= ci[1])
             out["paper_interval"] = f"[{ci[0]:+.1f}, {ci[1]:+.1f}] (95 % CI of the mean)"
         return out, True
+    if pc.note == IDENTICAL_WORKLOADS and which in ("change_ci95_low", "change_ci95_high", "change_ci95_crosses_zero"):
+        return dict(note=IDENTICAL_WORKLOADS), False
     if which in ("change_ci95_low", "change_ci95_high"):
         end = pc.ci_low if which == "change_ci95_low" else pc.ci_high
         return dict(reproduced=end, reproduced_direction=_direction(pc.mean)), True
@@ -249,7 +268,7 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, pubs: pd.DataFram
     if metric in ("requests_completed", "requests_offered"):
         return {**out, **_request_count(g, pub, pubs, base, candidate)}
     if metric in ("token_ids_agree", "token_ids_total"):
-        return {**out, **_token_count(g, pub, pubs, base, candidate)}
+        return {**out, **_token_count(g, pub, pubs, base, candidate, backend)}
     col = PUBLISHED_METRICS.get(metric)
     if col is None:
         return _no_reproduction(f"metric {metric!r} is not known to the reproduction")
@@ -324,11 +343,24 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
                        else _no_reproduction(f"no traces for {exp}"))
             rows.append(row)
     df = pd.DataFrame(rows, columns=PVR_COLUMNS)
+    if ts.partial:
+        df = _unjudged(df, ts)
     if not df.empty:
         df = (df.assign(_untraced=df["backend"] == "")
               .sort_values(["_untraced", "backend", "experiment", "metric", "arm_or_change"], kind="stable")
               .drop(columns="_untraced").reset_index(drop=True))
     return df, _coverage_messages(pubs, traced)
+
+
+def _unjudged(df: pd.DataFrame, ts: TraceSet) -> pd.DataFrame:
+    """The table of a partial set: no row agrees or lies within an interval; the note says why."""
+    df = df.copy()
+    why = [f"incomplete ({ts.incomplete[(b, e)]})" if (b, e) in ts.incomplete else "partial render: not judged"
+           for b, e in zip(df["backend"], df["experiment"])]
+    df["note"] = [w + ("; " + n if isinstance(n, str) and n else "") for w, n in zip(why, df["note"])]
+    df["agrees"] = None
+    df["within_interval"] = None
+    return df
 
 
 def empty_pvr() -> pd.DataFrame:
@@ -362,7 +394,8 @@ def pvr_markdown_frame(pvr: pd.DataFrame) -> pd.DataFrame:
         out.append({"backend": r["backend"], "experiment": r["experiment"], "metric": r["metric"],
                     "arm or change": r["arm_or_change"], "published": pub,
                     "reproduced": _number(r["reproduced"], r["unit"]),
-                    "direction agrees": yes_no(r["agrees"], "yes", "NO"),
+                    "direction agrees": (BY_CONSTRUCTION if isinstance(r["agrees"], str)
+                                         else yes_no(r["agrees"], "yes", "NO")),
                     "within paper's interval": yes_no(r["within_interval"], "yes", "no")
                     or ("n/a" if reproduced_number else ""),
                     "paper's interval": r.get("paper_interval", ""),
@@ -377,10 +410,11 @@ def write_published_vs_reproduced(ts: TraceSet, results_dir: str | Path,
         pvr, messages = published_vs_reproduced(ts, published_csv)
     except (FileNotFoundError, ValueError) as e:
         pvr, messages = empty_pvr(), [f"published numbers unavailable: {e}"]
-    write_table(pvr, results_dir, "published_vs_reproduced", markdown=pvr_markdown_frame(pvr),
+    write_table(mark_incomplete(pvr, ts), results_dir, "published_vs_reproduced",
+                markdown=mark_incomplete(pvr_markdown_frame(pvr), ts),
                 title="Published vs reproduced", notes=messages)
     return pvr, messages
 
 
-__all__ = ["PUBLISHED_COLUMNS", "PUBLISHED_METRICS", "PVR_COLUMNS", "empty_pvr", "load_published",
+__all__ = ["BY_CONSTRUCTION", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS", "PVR_COLUMNS", "empty_pvr", "load_published",
            "published_vs_reproduced", "pvr_markdown_frame", "write_published_vs_reproduced"]

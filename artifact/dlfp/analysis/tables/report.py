@@ -6,7 +6,7 @@ from pathlib import Path
 from dlfp.analysis.tables.controller import write_arm_points
 from dlfp.analysis.tables.dlfps import write_dlfps
 from dlfp.analysis.tables.fidelity import write_fidelity
-from dlfp.analysis.tables.loading import TraceSet
+from dlfp.analysis.tables.loading import TraceSet, load_traces
 from dlfp.analysis.tables.problems import write_problems
 from dlfp.analysis.tables.published import write_published_vs_reproduced
 from dlfp.analysis.tables.root_cause import write_root_cause
@@ -40,4 +40,44 @@ def write_tables(ts: TraceSet, results_dir: str | Path, published_csv: str | Pat
             + (["fidelity_effect"] if eff is not None else []))
 
 
-__all__ = ["TABLE_NAMES", "write_tables"]
+#: Suffix of the folder a partial render writes into, beside the results folder it would otherwise replace.
+PARTIAL_SUFFIX = "-partial"
+
+
+def partial_results_dir(results_dir: str | Path) -> Path:
+    """Where a partial render goes: ``<results_dir>-partial`` (never the results folder itself)."""
+    p = Path(results_dir)
+    return p.with_name(p.name + PARTIAL_SUFFIX)
+
+
+def check_traces(traces_dir: str | Path) -> TraceSet:
+    """Load the trace set for a render and check it whole, before anything is written; returns it.
+
+    Raises:
+        PartialTraceSet: a trial that is corrupt, partial or missing, or a mismatched pair (one line naming it).
+        FileNotFoundError: ``traces_dir`` is not a directory.
+    """
+    return load_traces(traces_dir)
+
+
+def render_tables(traces_dir: str | Path, results_dir: str | Path, published_csv: str | Path, *,
+                  allow_partial: bool = False, fidelity_dir: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Check the trace set, then write every table; returns ``(folder written, table names)``.
+
+    By default the whole set is checked first (``check_traces``) and a problem
+    raises before any file is written. ``allow_partial=True`` renders what
+    loads into ``partial_results_dir(results_dir)`` instead, rows of affected
+    experiments marked "incomplete" and no claim marked as agreeing.
+    ``fidelity_dir`` defaults to ``<results_dir>/fidelity``.
+
+    Raises:
+        PartialTraceSet: see ``check_traces`` (not with ``allow_partial``).
+    """
+    ts = load_traces(traces_dir, allow_partial=allow_partial)
+    out = partial_results_dir(results_dir) if allow_partial else Path(results_dir)
+    fid = Path(fidelity_dir) if fidelity_dir is not None else Path(results_dir) / "fidelity"
+    return out, write_tables(ts, out, published_csv, fidelity_dir=fid)
+
+
+__all__ = ["PARTIAL_SUFFIX", "TABLE_NAMES", "check_traces", "partial_results_dir", "render_tables",
+           "write_tables"]

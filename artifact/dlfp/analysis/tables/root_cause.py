@@ -11,7 +11,7 @@ import pandas as pd
 
 from dlfp.analysis import metrics
 from dlfp.analysis.markdown import write_table
-from dlfp.analysis.tables.loading import TraceSet, guarded_of
+from dlfp.analysis.tables.loading import TraceSet, guarded_of, mark_incomplete
 
 ROOT_CAUSE_COLUMNS = ["backend", "experiment", "arm", "model", "tp", "scheduling", "n_guarded", "r_own", "r_prev",
                       "host_interval_p50_ms", "device_time_p50_ms", "host_minus_device_p50_ms"]
@@ -68,7 +68,8 @@ def root_cause(ts: TraceSet) -> pd.DataFrame:
 def write_root_cause(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
     """Write ``root_cause`` (CSV + Markdown)."""
     rc = root_cause(ts)
-    write_table(rc, results_dir, "root_cause", title="Host interval vs device time (guarded iterations)")
+    write_table(mark_incomplete(rc, ts), results_dir, "root_cause",
+                title="Host interval vs device time (guarded iterations)")
     return rc
 
 

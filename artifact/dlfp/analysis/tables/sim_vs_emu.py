@@ -15,7 +15,7 @@ import pandas as pd
 
 from dlfp.analysis import stats
 from dlfp.analysis.markdown import write_table, yes_no
-from dlfp.analysis.tables.loading import TraceSet
+from dlfp.analysis.tables.loading import TraceSet, mark_incomplete
 from dlfp.analysis.tables.root_cause import root_cause
 from dlfp.analysis.tables.summaries import change_pct
 
@@ -158,7 +158,8 @@ def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
              "iteration's device time."]
     if df.empty:
         notes.insert(0, "NO DATA: no experiment has traces on both the sim and the emu backend.")
-    write_table(df, results_dir, "sim_vs_emu", markdown=sim_vs_emu_markdown_frame(df),
+    write_table(mark_incomplete(df, ts), results_dir, "sim_vs_emu",
+                markdown=mark_incomplete(sim_vs_emu_markdown_frame(df), ts),
                 title="Simulator vs emulated device (real vLLM engine loop)", notes=notes)
     return df
 

@@ -14,7 +14,8 @@ import pandas as pd
 
 from dlfp.analysis import metrics, stats
 from dlfp.analysis.markdown import write_table
-from dlfp.analysis.tables.loading import LoadedTrial, TraceSet
+from dlfp.analysis.tables.checks import IDENTICAL_WORKLOADS, PartialTraceSet, identical_workload_seeds, pairing_problem
+from dlfp.analysis.tables.loading import LoadedTrial, TraceSet, mark_incomplete
 from dlfp.analysis.tables.trial_frames import token_agreement
 
 #: Metrics whose paired change the headline table reports: column -> label.
@@ -64,6 +65,10 @@ def _summary_row(ts: TraceSet, lt: LoadedTrial, base: LoadedTrial | None) -> dic
     d = ts.digest(lt)
     s = d["summary"] if d is not None else metrics.summarize(lt.trial, lt.slo)
     is_base = base is lt
+    if base is not None and not is_base and not ts.partial:
+        problem = pairing_problem(base, lt)  # load_traces checks this too; a hand-built set is checked here
+        if problem is not None:
+            raise PartialTraceSet(problem)
     if base is not None and not is_base:
         agree, compared = _agreement(ts, base, lt)
     else:
@@ -145,7 +150,9 @@ def paired(ts: TraceSet, backend: str, experiment: str, arm: str, column: str) -
     per_seed, mean, ci_low and ci_high are ``change_pct`` of
     ``dlfp.analysis.stats.paired_change`` over the seeds with finite values
     in both arms and a nonzero baseline (negative = candidate lower). ``None``
-    when there is no such seed.
+    when there is no such seed. When two of those seeds replayed the same
+    workload (``checks.identical_workload_seeds``) the interval is NaN and
+    ``note`` is ``IDENTICAL_WORKLOADS``.
     """
     s = ts.summary()
     g = s[(s["backend"] == backend) & (s["experiment"] == experiment)]
@@ -156,6 +163,11 @@ def paired(ts: TraceSet, backend: str, experiment: str, arm: str, column: str) -
     if not seeds:
         return None
     r = stats.paired_change(b.loc[seeds].to_numpy(float), c.loc[seeds].to_numpy(float))
+    if any(len(set(same) & set(seeds)) > 1 for same in identical_workload_seeds(ts, backend, experiment)):
+        # copies of one workload: their spread is no sampling variation, so there is no interval to give
+        return stats.PairedChange(per_seed=tuple(change_pct(v) for v in r.per_seed), mean=change_pct(r.mean),
+                                  ci_low=float("nan"), ci_high=float("nan"), n=r.n, crosses_zero=True,
+                                  confidence=r.confidence, note=IDENTICAL_WORKLOADS)
     return stats.PairedChange(per_seed=tuple(change_pct(v) for v in r.per_seed), mean=change_pct(r.mean),
                               ci_low=change_pct(r.ci_low), ci_high=change_pct(r.ci_high), n=r.n,
                               crosses_zero=r.crosses_zero, confidence=r.confidence, note=r.note)
@@ -185,6 +197,8 @@ def _headline_row(ts: TraceSet, g: pd.DataFrame, backend: str, experiment: str, 
     for col in ("tokens_agree", "tokens_compared"):
         row[col] = float("nan") if arm == base_arm or a[col].isna().all() else int(a[col].sum())
     row["problems"] = len(ts.problems_for(backend, experiment))
+    same = identical_workload_seeds(ts, backend, experiment)
+    row["identical_workloads"] = "; ".join(" ".join(map(str, g)) for g in same)
     return row
 
 
@@ -198,14 +212,19 @@ def headline(ts: TraceSet) -> pd.DataFrame:
     NaN): ``<m>_change_pct_per_seed`` (text, seed order), ``_mean``,
     ``_ci_low``, ``_ci_high``, ``_crosses_zero``; then slo_passes, measured,
     completed, failed (sums over seeds), tokens_agree, tokens_compared (sums),
-    problems (count of unloadable trial directories in the group).
+    problems (count of unloadable trial directories in the group); and, only
+    when some experiment's seeds replayed identical workloads (then its
+    intervals are NaN), identical_workloads (those seeds, space-separated).
     """
     s = ts.summary()
     rows = []
     for backend, experiment in ts.groups():
         g = s[(s["backend"] == backend) & (s["experiment"] == experiment)]
         rows += [_headline_row(ts, g, backend, experiment, arm) for arm in ts.arms(backend, experiment)]
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if "identical_workloads" in df.columns and not df["identical_workloads"].astype(bool).any():
+        df = df.drop(columns="identical_workloads")
+    return df
 
 
 def _change_with_ci(r: pd.Series, name: str) -> str:
@@ -214,6 +233,8 @@ def _change_with_ci(r: pd.Series, name: str) -> str:
     if not np.isfinite(m):
         return ""
     lo, hi = r[f"{name}_ci_low"], r[f"{name}_ci_high"]
+    if not np.isfinite(lo) and r.get("identical_workloads"):
+        return f"{m:+.1f} ({IDENTICAL_WORKLOADS})"
     rng = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) else " (n=1)"
     return f"{m:+.1f}{rng}"
 
@@ -224,7 +245,9 @@ def headline_markdown_frame(head: pd.DataFrame) -> pd.DataFrame:
     for _, r in head.iterrows():
         agree = "" if not np.isfinite(r["tokens_compared"]) else f"{int(r['tokens_agree'])}/{int(r['tokens_compared'])}"
         notes = (f"missing seeds {r['missing_seeds']}" if r["missing_seeds"] else "",
-                 f"{r['problems']} corrupt trial(s)" if r["problems"] else "")
+                 f"{r['problems']} corrupt trial(s)" if r["problems"] else "",
+                 f"seeds {r['identical_workloads']} replayed identical workloads" if r.get("identical_workloads")
+                 else "")
         out.append({
             "backend": r["backend"], "experiment": r["experiment"], "arm": r["arm"], "seeds": r["seeds"],
             "P99 ITL ms (mean)": f"{r['p99_itl_ms_mean']:.1f}",
@@ -244,8 +267,9 @@ def write_headline(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
     """Write ``headline_per_seed`` and ``headline`` (CSV + Markdown); returns the aggregated table."""
     per_seed = headline_per_seed(ts)
     head = headline(ts)
-    write_table(per_seed, results_dir, "headline_per_seed", title="Headline numbers per seed")
-    write_table(head, results_dir, "headline", markdown=headline_markdown_frame(head),
+    write_table(mark_incomplete(per_seed, ts), results_dir, "headline_per_seed", title="Headline numbers per seed")
+    write_table(mark_incomplete(head, ts), results_dir, "headline",
+                markdown=mark_incomplete(headline_markdown_frame(head), ts),
                 title="Headline: paired change vs the baseline arm (negative = lower)")
     return head
 
