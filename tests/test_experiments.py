@@ -1,7 +1,6 @@
 """The shipped experiment configs: they validate, match the paper's table, and record every unstated choice."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

@@ -131,7 +131,7 @@ def _run(p: argparse.ArgumentParser) -> Handler:
         df = res.frame()
         counts = df["status"].value_counts().to_dict()
         print(f"{res.config.name} on {res.backend}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-        print(f"traces: {res.traces_dir / res.backend / res.config.name}")
+        print(f"traces: {pipeline.display_path(res.traces_dir / res.backend / res.config.name)}")
         return 0
     return run
 
@@ -151,21 +151,39 @@ def _run_all(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override applied to every experiment (repeatable)")
     p.add_argument("--no-figures", action="store_true", help="skip figures.ipynb at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     _frontier_arg(p)
 
     def run(args: argparse.Namespace) -> int:
+        import os
+
         from dlfp import pipeline
 
+        if args.no_progress:
+            os.environ[pipeline.progress.NO_PROGRESS_ENV] = "1"  # also in the notebook kernels
         res = pipeline.run_all(backend=args.backend, experiments=args.experiments, force=args.force,
                                quick=args.quick, traces_dir=args.traces, results_dir=args.results, seeds=args.seeds,
                                overrides=pipeline.parse_overrides(args.overrides), figures=not args.no_figures,
                                frontier=args.frontier)
-        print(f"run-all on {res['backend']}: {len(res['notebooks'])} experiment(s) in {res['seconds']:.1f} s")
-        print(f"traces and executed experiment notebooks: {res['traces_dir']}/{res['backend']}/<experiment>/")
-        if res["figures_notebook"] is not None:
-            print(f"tables and figures: {res['results_dir']}  (executed notebook: {res['figures_notebook']})")
+        print(run_all_summary(res))
         return 0
     return run
+
+
+def run_all_summary(res: dict) -> str:
+    """The one line ``dlfp run-all`` ends with: what ran, what was kept, where the results are, how long."""
+    from dlfp import pipeline
+
+    n = len(res["notebooks"])
+    v = res.get("verification")
+    if v is not None:
+        did = f"{v.total} trials rerun, {v.identical} identical to the shipped traces, {len(v.replaced)} replaced"
+        did += f", {v.added} added (were missing)" if v.added else ""
+    else:
+        did = f"{res['trials']} trials, {res['cached']} of them cached and kept (--force reruns them)"
+    where = (f"results in {pipeline.display_path(res['results_dir'])}" if res["figures_notebook"] is not None
+             else f"traces in {pipeline.display_path(res['traces_dir'])} (figures skipped)")
+    return f"run-all on {res['backend']}: {n} experiment(s), {did}; {where}; {res['seconds']:.1f} s"
 
 
 @command("figures", "render every table and figure from cached traces (no engine runs)")
@@ -173,6 +191,9 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--traces", default=None, help="traces root (default data/traces)")
     p.add_argument("--out", default=None, help="results directory (default data/results)")
     p.add_argument("--published", default=None, help="published numbers CSV (default data/paper/published.csv)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="render what loads into <out>-partial: rows of affected experiments marked incomplete, "
+                        "no claim judged (default: a corrupt, partial or mispaired trace set stops the render)")
 
     def run(args: argparse.Namespace) -> int:
         import time
@@ -180,8 +201,9 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
         from dlfp import pipeline
 
         t0 = time.perf_counter()
-        nb = pipeline.render_figures(args.traces, args.out, args.published)
-        print(f"tables and figures: {nb.parent}  (executed notebook: {nb}; {time.perf_counter() - t0:.1f} s)")
+        nb = pipeline.render_figures(args.traces, args.out, args.published, allow_partial=args.allow_partial)
+        print(f"tables and figures: {pipeline.display_path(nb.parent)}  (executed notebook: "
+              f"{pipeline.display_path(nb)}; {time.perf_counter() - t0:.1f} s)")
         return 0
     return run
 
@@ -270,6 +292,8 @@ _delegate("calibrate", "fit the CPU hardware profile from a profiling run of the
           "studies.calibration", "main_calibrate")
 _delegate("validate-sim", "compare the simulator with real-engine traces and report its error",
           "studies.validation", "main_validate")
+_delegate("export", "export a trial as JSON in another tool's format (vllm bench serve --save-result)",
+          "analysis.export", "main_export")
 
 
 # --------------------------------------------------------------------------- main
@@ -289,11 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dlfp`` console script; returns the exit status (2 for bad input)."""
     from dlfp.config import ConfigError
-    from dlfp.pipeline import PipelineError
+    from dlfp.pipeline import PipelineError, interrupts
     from dlfp.backends import BackendUnavailable
     from dlfp.traces.format import TraceError
     from dlfp.workload.generator import WorkloadError
 
+    if argv is None:  # the console script: SIGTERM like Ctrl-C, kernels stopped at once (dlfp.pipeline.interrupts)
+        interrupts.install()
+    interrupts.TALLY.__init__()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -305,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:
         _err(str(e).splitlines()[0] if str(e) else type(e).__name__)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        _err("interrupted; completed trials are kept on disk, rerun the same command to resume")
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (``interrupts.Terminated``)
+        signum = interrupts.signal_of(e)
+        print(interrupts.TALLY.message(signum), file=sys.stderr)
+        return interrupts.EXIT_STATUS[signum]
     except BrokenPipeError:  # e.g. `dlfp list | head -2`: the reader left, nothing to report
         sys.stderr.close()
         return 0

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dlfp.config import ExperimentConfig, load_experiment
+from dlfp.backends import get_backend
+from dlfp.config import ExperimentConfig
 from dlfp.pipeline.errors import PipelineError
+from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.notebooks import execute_experiment_notebook, render_figures
-from dlfp.pipeline.paths import check_output_dir, default_results_dir, default_traces_dir
-from dlfp.pipeline.plan import (default_matrix, prepare_config, resolve_backend, select_arms, select_seeds,
-                                trial_state, worker_count)
-from dlfp.pipeline.progress import progress_file, say
+from dlfp.pipeline.paths import check_output_dir, default_results_dir, default_traces_dir, display_path
+from dlfp.pipeline.plan import (check_backend_config, default_matrix, prepare_config, resolve_backend, select_arms,
+                                select_seeds, trial_state, worker_count)
+from dlfp.pipeline.pool import run_pool
+from dlfp.pipeline.progress import bars_enabled, progress_file, say
 from dlfp.traces.format import Trial, trial_dir, write_trial
 
 
@@ -93,7 +96,9 @@ def run_experiment(
         backend: see ``resolve_backend``.
         seeds, arms: subsets (default: the config's).
         out_dir: traces root (default ``data/traces``); trials go under ``<out_dir>/<backend>/<experiment>/``.
-        overrides: dotted-key config overrides, e.g. ``{"workload.num_requests": 5}``.
+        overrides: dotted-key config overrides, e.g. ``{"workload.num_requests": 5}``. Without an explicit
+            ``out_dir`` the trials are their own experiment ``<experiment>+<8 hex>`` (``derived_experiment``),
+            so the shipped trials are never replaced.
         force: re-run complete trials too.
         quick: at most ``QUICK_NUM_REQUESTS`` measured requests (default root ``data/traces-quick``).
         frontier: also run the fixed-cap arms of ``backend_options.frontier_caps`` (``frontier_overrides``);
@@ -108,13 +113,20 @@ def run_experiment(
     """
     from tqdm import tqdm
 
+    progress = bars_enabled(progress)
     backend = resolve_backend(backend)
-    cfg = prepare_config(experiment, backend, overrides=overrides, quick=quick, frontier=frontier)
+    cfg = prepare_config(experiment, backend, overrides=overrides, quick=quick, frontier=frontier,
+                         derive=bool(overrides) and out_dir is None)
+    check_backend_config(cfg, backend)
     arm_list = select_arms(cfg, arms)
     seed_list = select_seeds(cfg, seeds)
     root = check_output_dir(Path(out_dir) if out_dir is not None else default_traces_dir(quick),
                             "traces directory (--out)")
     jobs = worker_count(backend, jobs)
+    if overrides and out_dir is None:
+        base = experiment.name if isinstance(experiment, ExperimentConfig) else experiment
+        say(f"dlfp: with --set overrides the trials are experiment {cfg.name}, in "
+            f"{display_path(root / backend / cfg.name)} (the trials of {base} are left as they are)")
     run = ExperimentRun(config=cfg, backend=backend, traces_dir=root)
     plan = [(s, a) for s in seed_list for a in arm_list]
     bar = tqdm(total=len(plan), desc=f"{cfg.name} [{backend}] trials", unit="trial", file=progress_file(),
@@ -183,6 +195,7 @@ def _run_in_process(run: ExperimentRun, todo: list[PendingTrial], bar, progress:
         write_trial(trial, run.traces_dir, overwrite=True)
         status, reason = _status(state, why)
         run.outcomes.append(TrialOutcome(cfg.name, arm, seed, path, status, reason, time.perf_counter() - t0))
+        TALLY.trials += 1
         bar.update(1)
 
 
@@ -218,43 +231,27 @@ def _trial_worker(cfg: ExperimentConfig, arm: str, seed: int, backend: str, root
 
 def run_parallel(cfg: ExperimentConfig, backend: str, root: Path, todo: list[PendingTrial], jobs: int,
                  run: ExperimentRun, bar) -> None:
-    """Run ``todo`` trials on ``jobs`` spawned processes; each worker writes its own trial atomically,
-    so an interruption loses only the trials in flight.
+    """Run ``todo`` trials on ``jobs`` spawned processes (``dlfp.pipeline.pool.run_pool``); each worker writes its
+    own trial atomically, so an interruption loses only the trials in flight.
 
-    On ``KeyboardInterrupt`` (Ctrl-C) pending trials are cancelled, the worker
-    processes are terminated (their half-written temporary directories are
-    never renamed into place) and the interrupt is re-raised; completed trials
-    stay on disk. A worker's error is re-raised here.
+    On ``KeyboardInterrupt`` (Ctrl-C) pending trials are cancelled, the worker processes are terminated (their
+    half-written temporary directories are removed, never renamed into place) and the interrupt is re-raised;
+    completed trials stay on disk. A worker's error is re-raised here; a worker that dies is named by its trial
+    and the trial retried once.
     """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    pending = {(seed, arm): (seed, arm, path, state, why) for seed, arm, path, state, why in todo}
 
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=mp.get_context("spawn"))
-    try:
-        futs = {pool.submit(_trial_worker, cfg, arm, seed, backend, str(root)): (seed, arm, path, state, why)
-                for seed, arm, path, state, why in todo}
-        for fut in as_completed(futs):
-            seed, arm, path, state, why = futs[fut]
-            elapsed = fut.result()  # re-raises the worker's error, naming nothing lost: finished trials are on disk
-            status, reason = _status(state, why)
-            run.outcomes.append(TrialOutcome(cfg.name, arm, seed, path, status, reason, elapsed))
-            bar.set_postfix_str(f"{arm} seed {seed}")
-            bar.update(1)
-    except KeyboardInterrupt:
-        _stop_pool(pool)
-        raise
-    pool.shutdown(wait=True)
+    def done(key, elapsed: float) -> None:
+        seed, arm, path, state, why = pending[key]
+        status, reason = _status(state, why)
+        run.outcomes.append(TrialOutcome(cfg.name, arm, seed, path, status, reason, elapsed))
+        TALLY.trials += 1
+        bar.set_postfix_str(f"{arm} seed {seed}")
+        bar.update(1)
 
-
-def _stop_pool(pool) -> None:
-    """Cancel a process pool's pending work and terminate its workers now (do not wait for running trials)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(timeout=10)
+    jobs_list = [((seed, arm), (cfg, arm, seed, backend, str(root))) for seed, arm, *_ in todo]
+    run_pool(jobs_list, _trial_worker, jobs, done,
+             label=lambda k: str(trial_dir(root, backend, cfg.name, k[1], k[0]).relative_to(root)))
 
 
 # --------------------------------------------------------------------------- the matrix
@@ -263,34 +260,62 @@ def _stop_pool(pool) -> None:
 def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = None, force: bool = False,
             quick: bool = False, traces_dir: str | Path | None = None, results_dir: str | Path | None = None,
             seeds: Sequence[int] | None = None, overrides: dict[str, Any] | None = None,
-            figures: bool = True, frontier: bool | None = None) -> dict[str, Any]:
+            figures: bool = True, frontier: bool | None = None, jobs: int | None = None,
+            progress: bool = True) -> dict[str, Any]:
     """Run the experiment matrix through papermill, then render the figures.
 
-    Returns a dict with ``backend``, ``notebooks`` (executed experiment copies),
-    ``figures_notebook``, ``results_dir``, ``traces_dir`` and ``seconds`` (wall time).
+    Every selected experiment's configuration is built and checked for the backend first (``prepare_config``,
+    ``check_backend_config``), before any cache is looked at. On a backend that is not real-time (the
+    simulator) every trial is then rerun and compared with the shipped one (``dlfp.pipeline.verify``), so the
+    notebooks find them all complete; on a real-time backend cached trials are kept unless ``force``. With
+    ``overrides`` and no explicit ``traces_dir`` the trials are derived experiments (``run_experiment``).
+
+    Returns a dict with ``backend``, ``notebooks`` (executed experiment copies), ``figures_notebook``,
+    ``results_dir``, ``traces_dir``, ``seconds`` (wall time), ``verification`` (``Verification`` or ``None``),
+    ``trials`` (number selected) and ``cached`` (complete on disk before the run, real-time backends).
 
     Raises:
-        ConfigError: an unknown experiment (checked before anything runs).
+        ConfigError: an unknown experiment or a configuration the backend cannot run (before anything runs).
         PipelineError: a notebook fails (the failed copy is kept and named).
     """
     t0 = time.perf_counter()
     backend = resolve_backend(backend)
     names = list(experiments) if experiments else default_matrix(backend)
-    for n in names:  # fail fast on a bad name, before any long run
-        load_experiment(n)
+    derive = bool(overrides) and traces_dir is None
+    plans = []
+    for n in names:  # fail fast on a bad name or configuration, before any long run or cache look-up
+        cfg = prepare_config(n, backend, overrides=overrides, quick=quick, frontier=frontier, derive=derive)
+        check_backend_config(cfg, backend)
+        plans.append((cfg, select_arms(cfg, None), select_seeds(cfg, seeds)))
     traces = check_output_dir(Path(traces_dir) if traces_dir is not None else default_traces_dir(quick),
                               "traces directory (--traces)")
     results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
                                "results directory (--results)")
+    verification, cached = None, 0
+    if not get_backend(backend).real_time:
+        from dlfp.pipeline.verify import verify_trials
+
+        verification = verify_trials(plans, backend, traces, worker_count(backend, jobs),
+                                     progress=bars_enabled(progress))
+        say(f"dlfp run-all: {verification.summary()}")
+        force = False  # every trial was just rerun and checked
+    elif not force:
+        cached = sum(trial_state(trial_dir(traces, backend, cfg.name, a, s), cfg, a)[0] == "complete"
+                     for cfg, arms, seed_list in plans for s in seed_list for a in arms)
     executed = []
-    for i, name in enumerate(names, 1):
-        say(f"dlfp run-all [{backend}] experiment {i}/{len(names)}: {name}")
-        executed.append(execute_experiment_notebook(name, backend=backend, traces_dir=traces, seeds=seeds,
+    for i, (n, (cfg, _, _)) in enumerate(zip(names, plans), 1):
+        say(f"dlfp run-all [{backend}] experiment {i}/{len(names)}: {cfg.name}")
+        executed.append(execute_experiment_notebook(n, backend=backend, traces_dir=traces, seeds=seeds,
                                                     overrides=overrides, force=force, quick=quick,
-                                                    frontier=frontier))
-    fig_nb = render_figures(traces, results, quick=quick) if figures else None
+                                                    frontier=frontier, experiment_id=cfg.name,
+                                                    explicit_dir=traces_dir is not None))
+        TALLY.experiments.append(cfg.name)
+    # a subset of seeds leaves the experiments incomplete: render what exists, into <results>-partial
+    fig_nb = render_figures(traces if traces_dir is not None else None, results if results_dir is not None else None,
+                            quick=quick, allow_partial=bool(seeds)) if figures else None
     return dict(backend=backend, notebooks=executed, figures_notebook=fig_nb, results_dir=results,
-                traces_dir=traces, seconds=time.perf_counter() - t0)
+                traces_dir=traces, seconds=time.perf_counter() - t0, verification=verification,
+                trials=sum(len(a) * len(s) for _, a, s in plans), cached=cached)
 
 
 __all__ = ["ExperimentRun", "PendingTrial", "TrialOutcome", "run_all", "run_experiment", "run_parallel"]

@@ -6,22 +6,31 @@ into tables and figures; ``render_figures`` runs it from cached traces only, nev
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from dlfp.pipeline.errors import PipelineError
+from dlfp.pipeline.interrupts import stop_at_once
 from dlfp.pipeline.paths import (check_output_dir, default_published_csv, default_results_dir, default_traces_dir,
-                                 notebooks_dir)
+                                 display_path, notebook_path, notebooks_dir, repo_root)
 from dlfp.pipeline.progress import PROGRESS_ENV
 
 
 def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *, cwd: Path | None = None,
-                     progress_env: bool = True) -> Path:
+                     progress_env: bool = True, temporaries: Sequence[Path] = (),
+                     failed_dir: Path | None = None) -> Path:
     """Execute ``notebook`` with papermill into ``output`` (written atomically); returns ``output``.
 
-    ``progress_env`` sets ``$DLFP_PROGRESS_STDERR=1`` for the kernel, so progress bars go to the terminal
-    (``dlfp.pipeline.progress``). A failed execution is kept as ``<output stem>.failed.ipynb``; a
-    successful one removes an earlier failed copy.
+    The kernel runs in ``cwd`` (default: the repository root, so relative paths in ``parameters`` work). The
+    executed copy is made reproducible (``clean_executed``: no timestamps or durations, paths relative to the
+    repository root). ``progress_env`` sets ``$DLFP_PROGRESS_STDERR=1`` for the kernel, so progress bars go to
+    the terminal (``dlfp.pipeline.progress``). A failed execution is kept as ``<output stem>.failed.ipynb``; a
+    successful one removes an earlier failed copy (``failed_dir``: keep it there instead). Interrupted
+    (Ctrl-C, SIGTERM), the temporary copy and trial
+    temporaries under ``temporaries`` are removed (``dlfp.pipeline.interrupts``).
 
     Raises:
         PipelineError: the notebook does not exist, or a cell failed (names the error and the failed copy).
@@ -32,26 +41,39 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
         raise PipelineError(f"notebook {notebook} does not exist")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.stem}.tmp.ipynb")
+    started = time.time()
+
+    def cleanup() -> None:
+        tmp.unlink(missing_ok=True)
+        remove_trial_temporaries(temporaries, started)
+
     old = os.environ.get(PROGRESS_ENV)
     if progress_env:
         os.environ[PROGRESS_ENV] = "1"
     try:
-        pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or notebook.parent),
-                            progress_bar=False, kernel_name="python3", log_output=False)
+        with stop_at_once(cleanup):
+            pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or repo_root()),
+                                progress_bar=False, kernel_name="python3", log_output=False)
     except pm.PapermillExecutionError as e:
         # Keep the failed copy for inspection next to where the output would be.
-        failed = output.with_name(output.stem + ".failed.ipynb")
+        failed = (failed_dir or output.parent) / (output.stem + ".failed.ipynb")
+        failed.parent.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
+            clean_executed(tmp, notebook, failed)
             os.replace(tmp, failed)
         last = (e.evalue or "").strip().splitlines()
         raise PipelineError(f"{notebook.name} failed ({e.ename}: {last[-1] if last else ''}); "
-                            f"executed copy: {failed}") from None
+                            f"executed copy: {display_path(failed)}") from None
+    except BaseException:
+        cleanup()
+        raise
     finally:
         if progress_env:
             if old is None:
                 os.environ.pop(PROGRESS_ENV, None)
             else:
                 os.environ[PROGRESS_ENV] = old
+    clean_executed(tmp, notebook, output)
     os.replace(tmp, output)
     stale = output.with_name(output.stem + ".failed.ipynb")
     if stale.exists():
@@ -59,46 +81,170 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     return output
 
 
+#: Papermill's per-notebook and per-cell metadata that records when and how long, not what.
+_TIMING_KEYS = ("start_time", "end_time", "duration")
+
+
+def clean_executed(path: Path, source: Path, output: Path) -> None:
+    """Rewrite the executed notebook ``path`` so that a rerun over unchanged inputs is byte-identical.
+
+    Drops papermill's start/end times and durations (notebook and cells) and the kernel's per-cell execution
+    timestamps, gives the injected-parameters cell a fixed id; records ``input_path``/``output_path`` as
+    ``source``/``output`` relative to the repository root.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    meta = nb.metadata.get("papermill")
+    if meta is not None:
+        for k in _TIMING_KEYS:
+            meta.pop(k, None)
+        meta["input_path"], meta["output_path"] = display_path(source), display_path(output)
+    for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell.id = "injected-parameters"  # papermill gives it a random id
+        cell.metadata.pop("execution", None)
+        for k in _TIMING_KEYS:
+            cell.metadata.get("papermill", {}).pop(k, None)
+    nbformat.write(nb, str(path))
+
+
+def remove_trial_temporaries(dirs: Sequence[Path], since: float) -> None:
+    """Remove trial temporaries (``<arm>/.seed-<n>.tmp-*``) under ``dirs`` written since ``since`` (a
+    ``time.time()``); a trial moved aside (``.seed-<n>.old-*``) whose replacement never arrived is put back."""
+    for d in dirs:
+        for p in Path(d).glob("*/.seed-*.tmp-*"):
+            try:
+                if p.stat().st_mtime >= since:
+                    shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+        for p in Path(d).glob("*/.seed-*.old-*"):
+            dest = p.with_name(p.name[1:].split(".old-", 1)[0])
+            try:
+                os.replace(p, dest) if not dest.exists() else shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
+
+
 def execute_experiment_notebook(experiment: str, *, backend: str, traces_dir: Path, seeds: Sequence[int] | None = None,
                                 overrides: dict[str, Any] | None = None, force: bool = False, quick: bool = False,
-                                frontier: bool | None = None) -> Path:
+                                frontier: bool | None = None, experiment_id: str | None = None,
+                                explicit_dir: bool = True) -> Path:
     """Execute ``notebooks/experiment.ipynb`` for one experiment; returns the executed copy's path.
 
-    The copy goes to ``<traces>/<backend>/<experiment>/experiment.ipynb``; the notebook runs
-    ``run_experiment`` with these arguments.
+    The copy goes to ``<traces>/<backend>/<experiment_id>/experiment.ipynb`` (``experiment_id``: the derived id
+    of a run with overrides, default ``experiment``); the notebook runs ``run_experiment`` with these arguments,
+    its ``out_dir`` being ``traces_dir`` when ``explicit_dir``, else ``None`` (the default root).
 
     Raises:
         PipelineError: see ``execute_notebook``.
     """
-    out = Path(traces_dir) / backend / experiment / "experiment.ipynb"
+    exp_dir = Path(traces_dir) / backend / (experiment_id or experiment)
     params = dict(experiment=experiment, backend=backend, seeds=list(seeds) if seeds else None,
-                  out_dir=str(Path(traces_dir).resolve()), overrides=dict(overrides or {}), force=bool(force),
-                  quick=bool(quick), frontier=frontier)
-    return execute_notebook(notebooks_dir() / "experiment.ipynb", out, params)
+                  out_dir=notebook_path(traces_dir) if explicit_dir else None, overrides=dict(overrides or {}),
+                  force=bool(force), quick=bool(quick), frontier=frontier)
+    return execute_notebook(notebooks_dir() / "experiment.ipynb", exp_dir / "experiment.ipynb", params,
+                            temporaries=[exp_dir])
 
 
 def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path | None = None,
                    published_csv: str | Path | None = None, quick: bool = False,
-                   formats: Sequence[str] = ("png", "pdf")) -> Path:
+                   formats: Sequence[str] = ("png", "pdf"), allow_partial: bool = False) -> Path:
     """Execute ``notebooks/figures.ipynb`` from cached traces only; returns the executed copy's path.
 
     The executed copy goes to ``<results_dir>/figures.ipynb``; tables and
-    figures to ``results_dir``. Never runs an engine.
+    figures to ``results_dir``. Never runs an engine. A corrupt, partial or
+    mispaired trace set stops the render before anything is written into
+    ``results_dir`` (a failed notebook copy goes to the system's temporary
+    folder); ``allow_partial`` renders what loads into ``<results_dir>-partial``
+    instead, rows of affected experiments marked incomplete and no claim judged.
 
     Raises:
         PipelineError: the traces directory does not exist, or the notebook fails.
     """
     traces = Path(traces_dir) if traces_dir is not None else default_traces_dir(quick)
-    results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
-                               "results directory (--out)")
+    results = Path(results_dir) if results_dir is not None else default_results_dir(quick)
+    if allow_partial:
+        from dlfp.analysis.tables import partial_results_dir
+
+        results = partial_results_dir(results)
+    results = check_output_dir(results, "results directory (--out)")
     if traces.exists() and not traces.is_dir():
         raise PipelineError(f"traces directory {traces} is not a directory")
     if not traces.is_dir():
         raise PipelineError(f"traces directory {traces} does not exist (run `dlfp run-all` first)")
     published = Path(published_csv) if published_csv is not None else default_published_csv()
-    params = dict(traces_dir=str(traces.resolve()), results_dir=str(results.resolve()),
-                  published_csv=str(published.resolve()), formats=list(formats))
-    return execute_notebook(notebooks_dir() / "figures.ipynb", results / "figures.ipynb", params, progress_env=False)
+    params = dict(traces_dir=notebook_path(traces), results_dir=notebook_path(results),
+                  published_csv=notebook_path(published), formats=list(formats), allow_partial=allow_partial)
+    return execute_notebook(notebooks_dir() / "figures.ipynb", results / "figures.ipynb", params, progress_env=False,
+                            failed_dir=Path(tempfile.gettempdir()) / "dlfp-failed-notebooks")
 
 
-__all__ = ["execute_experiment_notebook", "execute_notebook", "render_figures"]
+# --------------------------------------------------------------------------- inside a notebook's kernel
+
+
+class NotebookParameterError(Exception):
+    """A parameter papermill injected that the notebook does not declare (a misspelt ``-p`` name)."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of the traceback
+        return [f"dlfp: error: {self}"]
+
+
+#: Types of the values papermill injects (``-p``, ``-y``, ``parameters=``).
+_PLAIN_TYPES = (type(None), bool, int, float, str, list, dict, tuple)
+#: Plain-valued names IPython itself puts in a kernel's globals.
+_KERNEL_NAMES = frozenset({"In", "Out"})
+
+
+def unknown_parameters(namespace: dict[str, Any], declared: Iterable[str]) -> list[str]:
+    """Plain-valued public names in ``namespace`` (a kernel's globals) that are not in ``declared``."""
+    known = set(declared) | _KERNEL_NAMES
+    return sorted(k for k, v in namespace.items()
+                  if not k.startswith("_") and k not in known and isinstance(v, _PLAIN_TYPES))
+
+
+def _dlfp_errors() -> tuple[type[BaseException], ...]:
+    from dlfp.backends import BackendUnavailable
+    from dlfp.config import ConfigError
+    from dlfp.traces.format import TraceError
+    from dlfp.workload.generator import WorkloadError
+
+    return (ConfigError, PipelineError, BackendUnavailable, TraceError, WorkloadError)
+
+
+def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    """IPython custom exception handler: a dlfp input error as one line in the cell's output."""
+    text = str(value).splitlines()[0] if str(value) else etype.__name__
+    stb = [f"dlfp: error: {text}"]
+    shell._showtraceback(etype, value, stb)  # publish it as the cell's error output (ename, evalue, one line)
+    return stb
+
+
+def check_parameters(namespace: dict[str, Any], declared: Iterable[str]) -> None:
+    """Called by each notebook right after its ``parameters`` cell (and papermill's injected one).
+
+    Rejects an injected parameter the notebook does not declare, naming it and the declared ones, and makes
+    every later dlfp input error (unknown experiment, bad override, missing traces) one line in the output
+    instead of a traceback; the cell still fails, so papermill reports a failed run.
+
+    Raises:
+        NotebookParameterError: an undeclared parameter.
+    """
+    declared = list(declared)
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover - ipykernel brings IPython
+        shell = None
+    if shell is not None:
+        shell.set_custom_exc(_dlfp_errors() + (NotebookParameterError,), _one_line)
+    bad = unknown_parameters(namespace, declared)
+    if bad:
+        raise NotebookParameterError(f"unknown notebook parameter(s) {', '.join(bad)}; this notebook takes "
+                                     f"{', '.join(declared)}")
+
+
+__all__ = ["NotebookParameterError", "check_parameters", "clean_executed", "execute_experiment_notebook",
+           "execute_notebook", "remove_trial_temporaries", "render_figures", "unknown_parameters"]

@@ -48,6 +48,22 @@ def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
 
 
+def display_path(path: str | Path) -> str:
+    """``path`` relative to the repository root when it lies below it (what notebooks and messages show, so an
+    executed notebook names no absolute path of this machine), else as given."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def notebook_path(path: str | Path | None) -> str | None:
+    """A path handed to a notebook: ``display_path`` (relative to the repository root, the kernel's working
+    directory) or ``None``."""
+    return None if path is None else display_path(path)
+
+
 def check_output_dir(path: Path, what: str) -> Path:
     """``path`` if it is, or can be created as, a directory; else ``PipelineError`` naming ``what`` and the path.
 
@@ -65,4 +81,4 @@ def check_output_dir(path: Path, what: str) -> Path:
 
 
 __all__ = ["ROOT_ENV", "check_output_dir", "default_published_csv", "default_results_dir", "default_traces_dir",
-           "notebooks_dir", "repo_root"]
+           "display_path", "notebook_path", "notebooks_dir", "repo_root"]

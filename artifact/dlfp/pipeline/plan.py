@@ -3,13 +3,16 @@
 * ``resolve_backend``: an explicit name, else ``$DLFP_BACKEND``, else ``auto``
   (``auto_backend``: the registry's ``auto`` field decides, never a backend's name).
 * ``prepare_config``: the experiment with ``--set`` overrides, ``--quick`` limits and the fixed-cap
-  frontier arms (``frontier_overrides``).
+  frontier arms (``frontier_overrides``); with overrides and no explicit output root, the trials are their own
+  experiment ``<name>+<8 hex>`` (``derived_experiment``), so the shipped trials are never replaced.
+* ``check_backend_config``: the engine side of a config (model, GPU, TP split, KV cache), before any trial.
 * ``select_arms``, ``select_seeds``, ``worker_count``: the trial plan and how many processes run it.
 * ``trial_state``/``config_mismatch``: whether a trial on disk is complete, corrupt or stale.
 * ``default_matrix``: the experiments ``run-all`` runs on a backend.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -149,38 +152,77 @@ def frontier_overrides(cfg: ExperimentConfig) -> dict[str, Any]:
             if f"{FRONTIER_PREFIX}{c}" not in cfg.arms}
 
 
-def load_config(experiment: str, overrides: dict[str, Any] | None = None, quick: bool = False) -> ExperimentConfig:
+def derived_experiment(name: str, overrides: dict[str, Any]) -> str:
+    """The experiment id of ``name`` run with ``overrides``: ``<name>+<8 hex>``, a hash of the sorted overrides.
+
+    Trials run with ``--set`` overrides go there, so they never replace (or pair with) the canonical trials.
+    """
+    blob = json.dumps(_normalise(overrides), sort_keys=True, separators=(",", ":"))
+    return f"{name.split('+', 1)[0]}+{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def load_config(experiment: str, overrides: dict[str, Any] | None = None, quick: bool = False,
+                derive: bool = False) -> ExperimentConfig:
     """Load an experiment config with overrides (and quick-mode limits).
+
+    ``derive``: with overrides, name the result ``derived_experiment(name, overrides)``.
 
     Raises:
         ConfigError: unknown experiment (lists the known ones) or a bad override.
     """
-    cfg = load_experiment(experiment)
+    return _overridden(load_experiment(experiment), overrides, quick, derive)
+
+
+def _overridden(cfg: ExperimentConfig, overrides: dict[str, Any] | None, quick: bool,
+                derive: bool) -> ExperimentConfig:
+    base = cfg.name
     if quick:
         cfg = cfg.with_overrides(quick_overrides(cfg))
-    return cfg.with_overrides(overrides or {})
+    cfg = cfg.with_overrides(overrides or {})
+    if derive and overrides:
+        cfg = cfg.with_overrides({"name": derived_experiment(base, overrides)})
+    return cfg
 
 
 def prepare_config(experiment: str | ExperimentConfig, backend: str, *, overrides: dict[str, Any] | None = None,
-                   quick: bool = False, frontier: bool | None = None) -> ExperimentConfig:
+                   quick: bool = False, frontier: bool | None = None, derive: bool = False) -> ExperimentConfig:
     """The config ``run_experiment`` runs: loaded (or given), overridden, checked, with frontier arms if asked.
 
-    ``frontier=None`` adds the frontier arms on a backend with ``Backend.frontier_by_default``.
+    ``frontier=None`` adds the frontier arms on a backend with ``Backend.frontier_by_default``. ``derive``: see
+    ``load_config``.
 
     Raises:
         ConfigError: unknown experiment, bad override, or a request longer than ``max_model_len``.
         PipelineError: bad ``backend_options.frontier_caps``.
     """
     if isinstance(experiment, ExperimentConfig):
-        cfg = experiment.with_overrides(quick_overrides(experiment) if quick else {}).with_overrides(overrides or {})
+        cfg = _overridden(experiment, overrides, quick, derive)
     else:
-        cfg = load_config(experiment, overrides, quick)
+        cfg = load_config(experiment, overrides, quick, derive)
     check_runnable(cfg)
     if frontier is None:
         frontier = get_backend(backend).frontier_by_default
     if frontier:
         cfg = cfg.with_overrides(frontier_overrides(cfg))
     return cfg
+
+
+def check_backend_config(cfg: ExperimentConfig, backend: str) -> None:
+    """Check the engine side of ``cfg`` before any trial runs or any cache is looked at.
+
+    The model, GPU, TP split, device options and KV-cache size (``dlfp.backends.sim.runner.build_engine_parts``,
+    which the emulator uses too; they are properties of the experiment on every backend), then the runner's own
+    ``check_config(cfg)`` if it has one.
+
+    Raises:
+        ConfigError: naming the experiment and the field.
+    """
+    from dlfp.backends.sim.runner import build_engine_parts
+
+    build_engine_parts(cfg)
+    check = getattr(get_backend(backend).module(), "check_config", None)
+    if callable(check):
+        check(cfg)
 
 
 # --------------------------------------------------------------------------- trial plan
@@ -322,7 +364,7 @@ def default_matrix(backend: str, gpu: bool | None = None) -> list[str]:
     return out
 
 
-__all__ = ["BACKEND_ENV", "FRONTIER_PREFIX", "JOBS_ENV", "QUICK_NUM_REQUESTS", "auto_backend", "config_mismatch",
-           "default_matrix", "experiment_backends", "frontier_overrides", "gpu_present", "load_config",
-           "parse_overrides", "prepare_config", "quick_overrides", "resolve_backend", "select_arms", "select_seeds",
-           "software_present", "trial_state", "worker_count"]
+__all__ = ["BACKEND_ENV", "FRONTIER_PREFIX", "JOBS_ENV", "QUICK_NUM_REQUESTS", "auto_backend", "check_backend_config",
+           "config_mismatch", "default_matrix", "derived_experiment", "experiment_backends", "frontier_overrides",
+           "gpu_present", "load_config", "parse_overrides", "prepare_config", "quick_overrides", "resolve_backend",
+           "select_arms", "select_seeds", "software_present", "trial_state", "worker_count"]

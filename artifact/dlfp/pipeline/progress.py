@@ -15,7 +15,16 @@ import sys
 #: write to the kernel's inherited stderr (the terminal of ``make run-all``), not into the notebook.
 PROGRESS_ENV = "DLFP_PROGRESS_STDERR"
 
+#: Environment variable (``1``) that turns progress bars off, in this process and in notebook kernels it starts
+#: (``dlfp run-all --no-progress``).
+NO_PROGRESS_ENV = "DLFP_NO_PROGRESS"
+
 _TERMINAL = None
+
+
+def bars_enabled(progress: bool = True) -> bool:
+    """``progress``, unless ``$DLFP_NO_PROGRESS=1`` turns the bars off."""
+    return bool(progress) and os.environ.get(NO_PROGRESS_ENV) != "1"
 
 
 def progress_file():
@@ -39,4 +48,4 @@ def say(msg: str) -> None:
     tqdm.write(msg, file=progress_file())
 
 
-__all__ = ["PROGRESS_ENV", "progress_file", "say"]
+__all__ = ["NO_PROGRESS_ENV", "PROGRESS_ENV", "bars_enabled", "progress_file", "say"]

@@ -147,6 +147,31 @@ def sim_vs_emu_markdown_frame(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def device_model_of(lt) -> str:
+    """Which device model timed a modelled trial: ``metadata.sim.device_assumptions.device_model`` (simulator)
+    or ``metadata.engine.emu_settings.device.assumptions.device_model`` (emulator); traces recorded before the
+    field existed used the roofline."""
+    md = lt.trial.metadata
+    a = ((md.get("sim") or {}).get("device_assumptions")
+         or (((md.get("engine") or {}).get("emu_settings") or {}).get("device") or {}).get("assumptions") or {})
+    return str(a.get("device_model", "roofline"))
+
+
+def device_model_note(ts: TraceSet, experiments) -> str | None:
+    """A note naming the experiments whose sim and emu traces were timed by different device models."""
+    differ = []
+    for exp in experiments:
+        models = {b: {device_model_of(lt) for lt in ts.select(b, exp)} for b in ("sim", "emu")}
+        if models["sim"] != models["emu"]:
+            differ.append(f"{exp} (sim: {', '.join(sorted(models['sim']))}; emu: {', '.join(sorted(models['emu']))})")
+    if not differ:
+        return None
+    return ("DEVICE MODELS DIFFER for " + "; ".join(differ) + ": the emulator traces were recorded before the "
+            "kernel-level device model became the default, so these differences include the device model, not "
+            "only the engine loop. Rerun the emulator (`dlfp run <experiment> --backend emu`, real time) to compare "
+            "like with like.")
+
+
 def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
     """Compute ``sim_vs_emu`` and write ``sim_vs_emu.csv``/``.md`` (a note says so when no experiment is on both)."""
     df = sim_vs_emu(ts)
@@ -158,6 +183,10 @@ def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
              "iteration's device time."]
     if df.empty:
         notes.insert(0, "NO DATA: no experiment has traces on both the sim and the emu backend.")
+    else:
+        note = device_model_note(ts, sorted(set(df["experiment"])))
+        if note:
+            notes.insert(0, note)
     write_table(mark_incomplete(df, ts), results_dir, "sim_vs_emu",
                 markdown=mark_incomplete(sim_vs_emu_markdown_frame(df), ts),
                 title="Simulator vs emulated device (real vLLM engine loop)", notes=notes)
