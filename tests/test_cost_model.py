@@ -6,6 +6,7 @@ from dlfp.devices import roofline as cm
 A100_FLOPS = 312e12  # datasheet BF16 dense
 A100_BW = 2039e9  # datasheet HBM2e
 A100_NVLINK_ONE_WAY = 600e9 / 2
+ROOFLINE = cm.DeviceAssumptions(device_model="roofline")  # the per-part roofline these tests work by hand
 
 
 def test_tiny_decode_time_by_hand():
@@ -22,7 +23,7 @@ def test_tiny_decode_time_by_hand():
     overhead = 4 * 12 * 1e-6 + 30e-6
     expected = t_lin + t_att + overhead
     assert expected == pytest.approx(1.13773e-4, rel=1e-4)  # worked value, seconds
-    got = cm.iteration_time("qwen3-tiny", "a100-sxm4-80gb", 1, cm.Batch(decodes=[100]))
+    got = cm.iteration_time("qwen3-tiny", "a100-sxm4-80gb", 1, cm.Batch(decodes=[100]), ROOFLINE)
     assert got == pytest.approx(expected, rel=1e-12)
 
 
@@ -32,7 +33,8 @@ def test_prefill_is_compute_bound_and_causal():
     layer = h * nh * d * 2 + h * 8 * d * 2 + 3 * h * 3072
     lin = 2 * L * layer * 4096 + 2 * 151936 * h * 1
     att = 4 * L * nh * d * (4096 * 4097 / 2)
-    b = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1).breakdown(cm.Batch(prefill=[(4096, 0)], sampled=1))
+    dm = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1, kind="roofline")
+    b = dm.breakdown(cm.Batch(prefill=[(4096, 0)], sampled=1))
     assert b.linear_s == pytest.approx(lin / (A100_FLOPS * 0.7), rel=1e-9)
     assert b.attention_s == pytest.approx(att / (A100_FLOPS * 0.5), rel=1e-9)
 
@@ -45,8 +47,8 @@ def test_published_parameter_counts():
 
 
 def test_tp_adds_two_allreduces_per_layer():
-    dm1 = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1)
-    dm2 = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 2)
+    dm1 = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1, kind="roofline")
+    dm2 = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 2, kind="roofline")
     batch = cm.Batch(decodes=[1000, 2000])  # 2 tokens
     b1, b2 = dm1.breakdown(batch), dm2.breakdown(batch)
     assert b1.allreduce_s == 0.0
@@ -67,7 +69,7 @@ def test_kv_cache_blocks_by_hand():
 
 
 def test_energy_between_idle_and_tdp():
-    b = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1).breakdown(cm.Batch(decodes=[500]))
+    b = cm.device_model("qwen3-0.6b", "a100-sxm4-80gb", 1, kind="roofline").breakdown(cm.Batch(decodes=[500]))
     assert 60 * b.total_s < b.energy_j < 400 * b.total_s
 
 

@@ -92,7 +92,7 @@ def test_errors_named():
 def test_before_matches_device_model_linear_part_when_compute_bound():
     # one-layer Qwen3-style ModelSpec with no vocabulary: DeviceModel's linear time = sum of per-GEMM rooflines
     spec = cm.ModelSpec("one", 1, 4096, 32, 8, 128, 14336, 0, True, 4096)
-    dm = cm.DeviceModel(spec, A100, 1)
+    dm = cm.DeviceModel(spec, A100, 1, cm.DeviceAssumptions(device_model="roofline"))
     n = 8192
     lin = dm.breakdown(cm.Batch(prefill=[(n, 0)], sampled=0)).linear_s
     per_op = sum(study.before_time(LLAMA3, "a100-sxm4-80gb", op, n, 1) for op in ops.GEMM_OPS)

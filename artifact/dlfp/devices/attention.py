@@ -162,15 +162,20 @@ class AttentionModel:
             raise CostModelError(f"field decodes: need d >= 0 and context >= 1, got d={d}, context={context}")
         if d == 0:
             return 0.0
-        a = self.a
-        _, nkv = self.shape.heads(tp)
-        splits = self.decode_splits(d, context, tp)
-        ctas = d * nkv * splits
-        blocks = math.ceil(math.ceil(context / splits) / a.splitkv_block_n)
-        cta_s = 4.0 * a.splitkv_block_m * a.splitkv_block_n * self.shape.hd * blocks / self.sm_flops
-        t_c = math.ceil(ctas / self.sms) * cta_s
+        t_c = self.decode_compute_time(d, math.ceil(context / self.a.splitkv_block_n), tp)
         t_m = d * context * self.kv_bytes_per_token(tp) / self.bw
         return 2 * self.c.gemm.launch_s + blend(t_c, t_m, self.c.gemm.blend_p)
+
+    def decode_compute_time(self, d: int, kv_blocks: int, tp: int = 1) -> float:
+        """Compute waves (s) of the split-KV decode of ``d`` requests whose context spans ``kv_blocks`` blocks of
+        ``splitkv_block_n`` keys. It depends on the context only through ``kv_blocks`` (``ceil(ceil(L / s) / n)
+        = ceil(ceil(L / n) / s)``), so callers may cache it by ``(d, kv_blocks)``."""
+        a = self.a
+        _, nkv = self.shape.heads(tp)
+        splits = max(1, min(math.ceil(self.sms / (d * nkv)), kv_blocks, 128))
+        blocks = math.ceil(kv_blocks / splits)
+        cta_s = 4.0 * a.splitkv_block_m * a.splitkv_block_n * self.shape.hd * blocks / self.sm_flops
+        return math.ceil(d * nkv * splits / self.sms) * cta_s
 
     def batch_time(self, c: int, p: int, d: int, context: int, tp: int = 1) -> float:
         """Seconds of one layer's attention for a chunk ``(c, p)`` (``c = 0``: none) plus ``d`` decodes."""

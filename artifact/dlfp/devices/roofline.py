@@ -40,6 +40,10 @@ from dlfp.devices.specs import (CostModelError, GPUSpec, ModelSpec, known_gpus, 
                                 load_gpu, load_model)
 
 
+#: Device models of a datasheet GPU (``DeviceAssumptions.device_model``).
+DEVICE_MODELS = ("kernel", "roofline")
+
+
 @dataclass(frozen=True)
 class DeviceAssumptions:
     """Achieved fractions of peak and fixed overheads (assumptions, not fitted to the paper).
@@ -65,6 +69,10 @@ class DeviceAssumptions:
     * ``allreduce_latency_s`` 8e-6: small-message all-reduce latency over
       NVLink (NCCL/vLLM custom all-reduce, order of 5-10 us per call in
       nccl-tests for <= 1 MB).
+    * ``device_model`` ``"kernel"``: which model times an iteration on a datasheet GPU: ``"kernel"``
+      (``dlfp.devices.kernel_model``, kernels costed by operator models held against measured GPU operator
+      times) or ``"roofline"`` (this module's per-part roofline). Only ``iteration_overhead_s`` of the fields
+      above is used by the kernel model.
     """
 
     linear_flops_eff: float = 0.70
@@ -74,10 +82,16 @@ class DeviceAssumptions:
     kernel_gap_s: float = 1.0e-6
     iteration_overhead_s: float = 30e-6
     allreduce_latency_s: float = 8e-6
+    device_model: str = "kernel"
 
     def __post_init__(self) -> None:
+        if self.device_model not in DEVICE_MODELS:
+            raise CostModelError(f"field device_model: {self.device_model!r} unknown; "
+                                 f"known: {', '.join(DEVICE_MODELS)}")
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "device_model":
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise CostModelError(f"field {f.name}: must be a finite non-negative number, got {v!r}")
         for n in ("linear_flops_eff", "attn_flops_eff", "mem_bw_eff"):
@@ -112,7 +126,18 @@ class DeviceModel:
     def __new__(cls, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
         if cls is DeviceModel and getattr(gpu, "kind", "datasheet") == "fitted":
             return super().__new__(FittedDeviceModel)
+        if cls is DeviceModel and (assumptions or DeviceAssumptions()).device_model == "kernel":
+            from dlfp.devices import kernel_model
+
+            if not kernel_model.supports(gpu):
+                raise CostModelError(f"field gpu: no operator constants for {gpu.key!r} "
+                                     f"(dlfp/devices/operators.yaml); use device_model: roofline")
+            return super().__new__(kernel_model.KernelDeviceModel)
         return super().__new__(cls)
+
+    def time_batch(self, batch: Batch) -> tuple[float, float]:
+        """``time`` of a ``Batch`` (device time in s, utilisation)."""
+        return self.time(*batch_counts(batch))
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
         model.check_tp(tp)
@@ -255,9 +280,9 @@ class FittedDeviceModel(DeviceModel):
 
 
 @lru_cache(maxsize=64)
-def device_model(model: str, gpu: str, tp: int = 1) -> DeviceModel:
-    """Cached ``DeviceModel`` for registry keys, with default assumptions."""
-    return DeviceModel(load_model(model), load_gpu(gpu), tp)
+def device_model(model: str, gpu: str, tp: int = 1, kind: str = "kernel") -> DeviceModel:
+    """Cached ``DeviceModel`` for registry keys, with default assumptions and ``device_model=kind``."""
+    return DeviceModel(load_model(model), load_gpu(gpu), tp, DeviceAssumptions(device_model=kind))
 
 
 def iteration_time(model: str | ModelSpec, gpu: str | GPUSpec, tp: int, batch: Batch,
@@ -275,7 +300,7 @@ def iteration_time(model: str | ModelSpec, gpu: str | GPUSpec, tp: int, batch: B
         m = load_model(model) if isinstance(model, str) else model
         g = load_gpu(gpu) if isinstance(gpu, str) else gpu
         dm = DeviceModel(m, g, tp, assumptions)
-    return dm.time(*batch_counts(batch))[0]
+    return dm.time_batch(batch)[0]
 
 
 def iteration_energy(model: str, gpu: str, tp: int, batch: Batch) -> float:

@@ -308,7 +308,7 @@ def chunking_table(c: ops.OperatorConstants) -> pd.DataFrame:
     om = ops.OperatorModel(shape, gpu, c)
     am = att.AttentionModel(shape, gpu, c)
     from dlfp.devices.roofline import Batch, DeviceModel, batch_counts
-    dm = DeviceModel(spec, gpu, 1)
+    dm = DeviceModel(spec, gpu, 1, DeviceAssumptions(device_model="roofline"))
     rows = []
     for chunk in CHUNKS:
         t_lin = t_ew = t_att = t_head = t_before = 0.0

@@ -147,7 +147,7 @@ class CostModelDeviceTime:
         return self._cm.Batch(prefill=batch.prefill_chunks, decodes=batch.decode_contexts, sampled=batch.sampled)
 
     def __call__(self, batch: EmuBatch) -> float:
-        return self._dm.time(*self._cm.batch_counts(self._batch(batch)))[0]
+        return self._dm.time_batch(self._batch(batch))[0]
 
     def energy_j(self, batch: EmuBatch) -> float:
         """Modelled energy (joules, all ``tp`` GPUs) of the batch."""

@@ -156,8 +156,12 @@ class _Run:
             b.done_at = tnow
             self.t = tnow
             return b, False
-        tokens, sampled, pairs, kv, ptok, npf, nd = scheduled_features(entries)
-        dt, util = e._device_time(tokens, sampled, pairs, kv)
+        feats = scheduled_features(entries)
+        tokens, sampled, pairs, kv, ptok, npf, nd = feats
+        if e._time_scheduled is not None:  # a device model that sees every chunk
+            dt, util = e._time_scheduled(entries, feats)
+        else:
+            dt, util = e._device_time(tokens, sampled, pairs, kv)
         # input preparation (HostCosts.prep_s), added term by term to the clock
         issue = tnow + h.prep_base_s + h.prep_per_req_s * len(entries) + h.prep_per_token_s * tokens
         launch = e._launch(tokens, npf)
@@ -334,6 +338,7 @@ class SimEngine:
         self._decisions = getattr(policy, "decisions", None)
         self._host_sig = policy.signal == "host_cadence"
         self._device_time = device.time
+        self._time_scheduled = getattr(device, "time_scheduled", None)
         self._power = device.power_w
         self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer)
 
