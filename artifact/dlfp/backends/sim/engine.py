@@ -266,7 +266,9 @@ class _Run:
                     raise RuntimeError("engine idle with unfinished requests (internal error)")
                 if self.vis[self.next_arrival] > self.t:
                     self.t = self.vis[self.next_arrival]
-            self.admit()
+            a = self.next_arrival
+            if a < self.n and self.vis[a] <= self.t:  # an arrival is due: _process_input_queue
+                self.admit()
             if step is None:
                 self.sync_step()
             else:
