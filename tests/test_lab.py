@@ -1,6 +1,7 @@
 """``make lab``: JupyterLab from the pinned extra ``lab``, opening the executed notebooks."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -23,11 +24,13 @@ def test_lab_extra_is_pinned():
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 def test_make_lab_opens_the_executed_notebooks_with_the_venv_jupyter():
-    r = subprocess.run(["make", "-n", "-W", "pyproject.toml", "lab", "LAB_ARGS=--no-browser"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # not nested
+    r = subprocess.run(["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "lab", "LAB_ARGS=--no-browser"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert last == ".venv/bin/jupyter lab --notebook-dir=. --port=8888 --no-browser data/results/figures.ipynb"
     assert "-e '.[lab]'" in r.stdout
-    help_text = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=60, env=env).stdout
     assert "make lab" in help_text and "--no-browser" in help_text
