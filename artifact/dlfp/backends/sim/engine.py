@@ -27,6 +27,7 @@ Times are seconds from the trial start.
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -275,33 +276,26 @@ class _Run:
                 step(queue)
 
 
+_FRAME_FIELDS = ("iteration", "schedule_s", "prefill_tokens", "num_prefills", "num_decodes", "cap", "cap_after",
+                 "guarded", "observed_interval_s", "host_interval_s", "device_time_s", "issue_s", "device_start_s",
+                 "device_end_s", "energy_j")
+
+
 def _iteration_frame(rows: list[_Iteration], signal: str) -> pd.DataFrame:
     """The ``ITERATION_COLUMNS`` frame of the executed iterations, in execution order."""
-    def col(name: str, dtype) -> np.ndarray:
-        return np.asarray([getattr(r, name) for r in rows], dtype=dtype)
+    cols = dict(zip(_FRAME_FIELDS, zip(*map(attrgetter(*_FRAME_FIELDS), rows)) if rows else [()] * 15))
 
     def caps(name: str):
-        return pd.array([None if (v := getattr(r, name)) is None else int(v) for r in rows], dtype="Int64")
+        return pd.array([None if v is None else int(v) for v in cols[name]], dtype="Int64")
 
-    return pd.DataFrame({
-        "iteration": col("iteration", np.int64),
-        "schedule_s": col("schedule_s", float),
-        "prefill_tokens": col("prefill_tokens", np.int64),
-        "num_prefills": col("num_prefills", np.int64),
-        "num_decodes": col("num_decodes", np.int64),
-        "cap": caps("cap"),
-        "cap_after": caps("cap_after"),
-        "guarded": col("guarded", bool),
-        "signal": pd.array([signal] * len(rows), dtype="string"),
-        "observed_interval_s": col("observed_interval_s", float),
-        "host_interval_s": np.asarray([_NAN if r.host_interval_s is None else r.host_interval_s for r in rows],
-                                      dtype=float),
-        "device_time_s": col("device_time_s", float),
-        "issue_s": col("issue_s", float),
-        "device_start_s": col("device_start_s", float),
-        "device_end_s": col("device_end_s", float),
-        "energy_j": col("energy_j", float),
-    })[list(ITERATION_COLUMNS)]
+    data = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in (
+        ("iteration", np.int64), ("schedule_s", float), ("prefill_tokens", np.int64), ("num_prefills", np.int64),
+        ("num_decodes", np.int64), ("guarded", bool), ("observed_interval_s", float), ("device_time_s", float),
+        ("issue_s", float), ("device_start_s", float), ("device_end_s", float), ("energy_j", float))}
+    data["cap"], data["cap_after"] = caps("cap"), caps("cap_after")
+    data["signal"] = pd.array([signal] * len(rows), dtype="string")
+    data["host_interval_s"] = np.asarray([_NAN if v is None else v for v in cols["host_interval_s"]], dtype=float)
+    return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
 
 
 class SimEngine:
