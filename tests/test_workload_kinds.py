@@ -39,6 +39,7 @@ def test_a_csv_request_list_gives_the_same_workload(tmp_path):
     ("arrival_s,prompt_tokens,output_tokens\n1.0,10,1\n0.5,10,1\n0.6,10,1\n0.7,10,1\n", "row 3"),
     ("arrival_s,prompt_tokens,output_tokens\n0,0,1\n0,1,1\n0,1,1\n0,1,1\n", "row 2"),
     ("arrival_s,prompt_tokens,output_tokens\n0,1,1\n", "1 rows"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,512.7,1\n0,1,1\n0,1,1\n0,1,1\n", "whole numbers"),
 ])
 def test_bad_request_csvs_are_one_line_naming_the_file(tmp_path, text, words):
     p = tmp_path / "bad.csv"

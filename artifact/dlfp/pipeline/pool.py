@@ -147,7 +147,13 @@ def run_pool(jobs: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], wor
         finished: set = set()
         broken = False
         try:
-            futs = {pool.submit(_call, key, fn, args): key for key, args in remaining}
+            # Workers are spawned here; they start with SIGINT ignored (an ignored signal stays ignored across
+            # exec), so a Ctrl-C while they import prints nothing: the parent reports it in one line.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                futs = {pool.submit(_call, key, fn, args): key for key, args in remaining}
+            finally:
+                signal.signal(signal.SIGINT, previous)
             procs = dict(getattr(pool, "_processes", None) or {})
             for fut in as_completed(futs):
                 key = futs[fut]

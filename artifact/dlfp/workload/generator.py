@@ -142,7 +142,8 @@ def request_list_parts(wl: "Workload", tok_rng: np.random.Generator):
         rows = load_request_list(wl.requests_csv)
     total = wl.num_warmup + wl.num_requests
     if len(rows) != total:
-        raise WorkloadError(f"workload.requests_csv: {len(rows)} rows, but num_warmup + num_requests = {total}")
+        raise WorkloadError(f"workload.requests_csv: {wl.requests_csv} has {len(rows)} rows, but num_warmup + "
+                            f"num_requests = {total}")
     arrivals = np.array([r[0] for r in rows], dtype=float)
     if np.any(np.diff(arrivals) < 0):
         raise WorkloadError("workload.requests: arrival_s must not decrease from one request to the next")

@@ -272,9 +272,13 @@ def load_request_list(path: str | Path) -> list[tuple[float, int, int]]:
     prev = 0.0
     for i, (a, n, m) in enumerate(df.itertuples(index=False), start=2):  # row 1 is the header
         try:
-            a, n, m = float(a), int(n), int(m)
+            a, nf, mf = float(a), float(n), float(m)
         except (TypeError, ValueError):
             raise WorkloadError(f"workload.requests_csv: {p} row {i}: not numbers") from None
+        if not (nf.is_integer() and mf.is_integer()):
+            raise WorkloadError(f"workload.requests_csv: {p} row {i}: prompt_tokens and output_tokens must be "
+                                f"whole numbers of tokens")
+        n, m = int(nf), int(mf)
         if not np.isfinite(a) or a < prev or n <= 0 or m <= 0:
             raise WorkloadError(f"workload.requests_csv: {p} row {i}: need arrival_s >= the previous row's, "
                                 f"prompt_tokens > 0 and output_tokens > 0")

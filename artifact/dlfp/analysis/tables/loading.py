@@ -164,11 +164,16 @@ def _digest(path: Path) -> dict[str, Any]:
 
 
 def _trial_paths(root: Path, backends: Sequence[str] | None, experiments: Sequence[str] | None) -> list[Path]:
-    """Trial directories under ``root``, restricted to ``backends`` and ``experiments`` when given."""
+    """Trial directories under ``root``, restricted to ``backends`` and ``experiments`` when given.
+
+    Trials run with config overrides live under a derived experiment id ``<experiment>+<hash>``; they are left
+    out unless ``experiments`` names them, so a render of the shipped matrix never sees them."""
     paths = []
     for path in find_trials(root):
         backend, experiment = path.parts[-4:-2]
         if backends and backend not in backends or experiments and experiment not in experiments:
+            continue
+        if not experiments and "+" in experiment:
             continue
         paths.append(path)
     return paths
