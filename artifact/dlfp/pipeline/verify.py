@@ -8,7 +8,6 @@ removed afterwards, also when interrupted.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from dlfp.config import ExperimentConfig
 from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.progress import progress_file, say
 from dlfp.traces.compare import trial_differences
-from dlfp.traces.format import trial_dir
+from dlfp.traces.format import replace_directory, trial_dir
 
 
 @dataclass
@@ -51,13 +50,7 @@ def _kind(backend: str) -> str:
 def place_trial(fresh: Path, shipped: Path) -> None:
     """Move the trial directory ``fresh`` to ``shipped``, replacing what is there atomically."""
     shipped.parent.mkdir(parents=True, exist_ok=True)
-    if shipped.exists():
-        old = shipped.with_name(f".{shipped.name}.old-{os.getpid()}")
-        os.replace(shipped, old)
-        os.replace(fresh, shipped)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(fresh, shipped)
+    replace_directory(fresh, shipped)
 
 
 def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], backend: str, traces: Path,

@@ -197,6 +197,18 @@ def _write_parquet(df: pd.DataFrame, path: Path, columns: dict[str, str]) -> Non
                    use_dictionary=[c for c in table.column_names if c not in enc], column_encoding=enc)
 
 
+def replace_directory(src: Path, dest: Path) -> None:
+    """Move the directory ``src`` to ``dest`` by renames only; an existing ``dest`` is moved aside to
+    ``.<name>.old-<pid>`` first and removed after, so ``dest`` is never a half-written directory."""
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(src, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)
+
+
 def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> Path:
     """Write a trial atomically under ``root`` and return its directory.
 
@@ -227,13 +239,7 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
+        replace_directory(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
