@@ -109,7 +109,8 @@ class KernelDeviceModel(DeviceModel):
         if tokens <= 0:
             return 0.0, 0.0
         chunks = [(k, c) for _r, k, c, dec, _s in entries if not dec] if npf else ()
-        dec_ctx = sum(c + 1 for _r, _k, c, dec, _s in entries if dec) if nd else 0.0
+        # the decodes' context (c + 1 each) from the features: kv sums every entry's c (exact integers)
+        dec_ctx = kv - sum(c for _k, c in chunks) + nd if nd else 0.0
         return self._total(tokens, sampled, pairs, kv, self._attention(chunks, nd, dec_ctx))
 
     def time_batch(self, batch: Batch) -> tuple[float, float]:
