@@ -132,7 +132,7 @@ def empty_figure(message: str):
     return fig
 
 
-def _atomic_savefig(fig, path: Path, fmt: str, **kwargs) -> None:
+def atomic_savefig(fig, path: Path, fmt: str, **kwargs) -> None:
     """``fig.savefig`` into ``.<name>.tmp-<pid>`` beside ``path``, renamed into place (never a partial file)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -169,10 +169,10 @@ def save(fig, results_dir: str | Path, name: str, *, close: bool = True,
     plt.rcParams["svg.hashsalt"] = SVG_HASHSALT  # ids in vector output from a fixed salt, not a random one
     if "png" in formats:
         png = d / f"{name}.png"
-        _atomic_savefig(fig, png, "png", dpi=130, metadata=PNG_METADATA)
+        atomic_savefig(fig, png, "png", dpi=130, metadata=PNG_METADATA)
     if "pdf" in formats:
         pdf = d / f"{name}.pdf"
-        _atomic_savefig(fig, pdf, "pdf", metadata=PDF_METADATA)
+        atomic_savefig(fig, pdf, "pdf", metadata=PDF_METADATA)
     if close:
         plt.close(fig)
     return png, pdf

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +35,8 @@ import pandas as pd
 import yaml
 from scipy.optimize import least_squares
 
+from dlfp.analysis.figures import atomic_savefig
+from dlfp.analysis.markdown import atomic_write
 from dlfp.devices.roofline import DeviceAssumptions, load_gpu, load_model
 from dlfp.devices import attention as att
 from dlfp.devices import operators as ops
@@ -334,24 +334,11 @@ def chunking_table(c: ops.OperatorConstants) -> pd.DataFrame:
 
 
 # ---- writing ----------------------------------------------------------------------------------------------
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _csv(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
 
-def _csv(df: pd.DataFrame) -> bytes:
-    return df.to_csv(index=False, float_format="%.6g", lineterminator="\n").encode()
-
-
-def _md(df: pd.DataFrame, title: str, note: str = "") -> bytes:
+def _md(df: pd.DataFrame, title: str, note: str = "") -> str:
     out = io.StringIO()
     out.write(f"# {title}\n\n")
     if note:
@@ -366,7 +353,7 @@ def _md(df: pd.DataFrame, title: str, note: str = "") -> bytes:
             else:
                 cells.append(str(v))
         out.write("| " + " | ".join(cells) + " |\n")
-    return out.getvalue().encode()
+    return out.getvalue()
 
 
 def _figure(comp: pd.DataFrame, ar: pd.DataFrame, out_dir: Path) -> None:
@@ -402,9 +389,7 @@ def _figure(comp: pd.DataFrame, ar: pd.DataFrame, out_dir: Path) -> None:
     fig.tight_layout()
     for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}),
                     ("pdf", {"metadata": {"CreationDate": None, "Producer": None, "Creator": None}})):
-        buf = io.BytesIO()
-        fig.savefig(buf, format=ext, **kw)
-        _atomic_write(out_dir / f"operators.{ext}", buf.getvalue())
+        atomic_savefig(fig, out_dir / f"operators.{ext}", ext, **kw)
     plt.close(fig)
 
 
@@ -432,8 +417,8 @@ def write_device_tables(out_dir: str | Path = DEFAULT_OUT, root: Path = PROFILES
                     "dlfp.devices.roofline.DeviceModel (includes its fixed per-iteration overhead). Milliseconds.",
     }
     for name, df in frames.items():
-        _atomic_write(out / f"{name}.csv", _csv(df))
-        _atomic_write(out / f"{name}.md", _md(df, name.replace("_", " "), notes[name]))
+        atomic_write(out / f"{name}.csv", _csv(df))
+        atomic_write(out / f"{name}.md", _md(df, name.replace("_", " "), notes[name]))
     if figure:
         _figure(comp, ar, out)
     return frames

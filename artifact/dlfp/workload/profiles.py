@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -72,13 +70,10 @@ def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE) -> dict:
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write ``obj`` as indented JSON to ``path`` atomically (``dlfp.analysis.markdown.atomic_write``)."""
+    from dlfp.analysis.markdown import atomic_write
+
+    atomic_write(path, json.dumps(obj, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
