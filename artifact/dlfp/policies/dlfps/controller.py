@@ -60,6 +60,8 @@ import math
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from dlfp.policies.base import Observation, check_count
 from dlfp.policies.dlfp import (
     DLFP,
@@ -73,7 +75,7 @@ from dlfp.policies.dlfp import (
 from dlfp.policies.dlfps.estimator import RLSEstimator
 from dlfp.policies.dlfps.guard import guard_chunk
 from dlfp.policies.dlfps.options import DEFAULT_OPTIONS, DLFPSOptions
-from dlfp.policies.dlfps.tail import compare_tails, tail_quantiles
+from dlfp.policies.dlfps.tail import IterationWindow, compare_tails, tail_quantiles
 
 _CAPPED, _STOOD_DOWN, _REFERENCE = "capped", "stood_down", "reference"
 
@@ -154,7 +156,7 @@ class DLFPS(DLFP):
         self.estimator = RLSEstimator(self.forgetting)
         self.mode = _REFERENCE if self.use_feasibility else _CAPPED
         self._over_at_min = 0  # consecutive guarded cycles at min_cap over target
-        self._window: deque[tuple[int, int, float]] = deque(maxlen=self.tail_window)
+        self._window = IterationWindow(self.tail_window)
         self._gaps = 0  # decode gaps seen (sum of num_decodes of iterations with an interval)
         self._since_check = 0
         self._max_prefill = 0  # largest prefill chunk seen: the engine's own limit
@@ -271,11 +273,11 @@ class DLFPS(DLFP):
 
     def _typical_decodes(self) -> int:
         """Median decodes of the window's mixed iterations (1 if none): the decodes a candidate cap is sized for."""
-        ds = [d for p, d, _ in self._window if p > 0 and d > 0]
-        if not ds:
+        p, d, _ = self._window.columns()
+        ds = np.sort(d[(p > 0) & (d > 0)])
+        if not ds.size:
             return 1
-        ds.sort()
-        return max(1, ds[len(ds) // 2])
+        return max(1, int(ds[ds.size // 2]))
 
     def _infeasible(self, obs: Observation) -> bool:
         if self.estimate_reliable:
@@ -337,7 +339,7 @@ class DLFPS(DLFP):
             self.estimator.update(obs.prefill_tokens, obs.num_decodes, iv)
         self._max_prefill = max(self._max_prefill, int(obs.prefill_tokens))
         if iv is not None:
-            self._window.append((int(obs.prefill_tokens), int(obs.num_decodes), float(iv)))
+            self._window.append(int(obs.prefill_tokens), int(obs.num_decodes), float(iv))
         if obs.num_decodes > 0 and iv is not None:
             self._gaps += int(obs.num_decodes)
             self._since_check += int(obs.num_decodes)

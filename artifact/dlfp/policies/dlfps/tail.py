@@ -39,6 +39,7 @@ check replaced it.
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,13 +88,95 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[floa
     return out
 
 
+class IterationWindow:
+    """The last ``size`` iterations as three columns: prefill tokens, decodes, interval (s).
+
+    Appending is O(1) amortised and makes no numpy call (``array.array`` columns, trimmed to ``size`` rows once
+    they hold ``2 * size``); :meth:`columns` hands the tail check float64 copies, shape ``(len(self),)`` each,
+    in iteration order. Holds the same rows as ``collections.deque(maxlen=size)`` of the tuples would.
+
+    Raises:
+        ValueError: ``size < 1``.
+    """
+
+    __slots__ = ("size", "_p", "_d", "_t")
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"IterationWindow: size must be >= 1, got {size!r}")
+        self.size = int(size)
+        self._p, self._d, self._t = array("d"), array("d"), array("d")
+
+    def append(self, prefill_tokens: int, num_decodes: int, interval_s: float) -> None:
+        self._p.append(prefill_tokens)
+        self._d.append(num_decodes)
+        self._t.append(interval_s)
+        if len(self._p) >= 2 * self.size:
+            keep = -self.size
+            del self._p[:keep], self._d[:keep], self._t[:keep]
+
+    def __len__(self) -> int:
+        return min(len(self._p), self.size)
+
+    def __iter__(self):
+        """``(prefill_tokens, num_decodes, interval_s)`` rows, oldest first (counts as ints)."""
+        n = len(self)
+        for p, d, t in zip(self._p[-n:], self._d[-n:], self._t[-n:]):
+            yield int(p), int(d), t
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of the kept rows' columns ``(prefill_tokens, num_decodes, interval_s)`` as float64 arrays."""
+        n = len(self)
+        return tuple(np.frombuffer(a, dtype=float)[len(a) - n:].copy() for a in (self._p, self._d, self._t))
+
+
+def _columns(entries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if isinstance(entries, IterationWindow):
+        return entries.columns()
+    a = np.asarray(entries, dtype=float).reshape(-1, 3)
+    return a[:, 0], a[:, 1], a[:, 2]
+
+
+class _Runs:
+    """The part of :func:`counterfactual_gaps` that does not depend on the limit (computed once per window)."""
+
+    __slots__ = ("empty", "t0", "dec_vals", "dec_wts", "P", "E", "D", "k")
+
+    def __init__(self, p: np.ndarray, d: np.ndarray, t: np.ndarray):
+        dec = (p == 0) & (d > 0)
+        mixed = (p > 0) & (d > 0)
+        self.empty = not (dec.any() or mixed.any())
+        if self.empty:
+            return
+        self.t0 = float(np.median(t[dec])) if dec.any() else float(t[mixed].min())
+        self.dec_vals, self.dec_wts = t[dec], d[dec]
+        self.P = None
+        if mixed.any():
+            run = np.cumsum(~mixed)[mixed]  # run id: constant over consecutive mixed iterations
+            _, inv = np.unique(run, return_inverse=True)
+            self.P = np.bincount(inv, weights=p[mixed])
+            self.E = np.bincount(inv, weights=np.maximum(t[mixed] - self.t0, 0.0))
+            self.D = np.bincount(inv, weights=d[mixed])
+            self.k = np.bincount(inv).astype(float)
+
+    def under(self, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        if self.empty:
+            return np.zeros(0), np.zeros(0)
+        vals, wts = [self.dec_vals], [self.dec_wts]
+        if self.P is not None:
+            n = np.maximum(1.0, np.ceil(self.P / float(limit) - 1e-9))
+            vals.append(self.t0 + self.E / n)
+            wts.append(n * self.D / self.k)
+        return np.concatenate(vals), np.concatenate(wts)
+
+
 def counterfactual_gaps(entries, limit: float) -> tuple[np.ndarray, np.ndarray]:
     """Decode-gap distribution a window of iterations would have had under prefill limit ``limit``.
 
     Args:
         entries: sequence of ``(prefill_tokens, num_decodes, interval_s)`` in
-            iteration order (any iterations; ``num_decodes == 0`` ones give no
-            gap and end a mixed run).
+            iteration order, or an :class:`IterationWindow` (any iterations;
+            ``num_decodes == 0`` ones give no gap and end a mixed run).
         limit: prefill tokens allowed per mixed iteration (> 0).
 
     Returns:
@@ -111,25 +194,7 @@ def counterfactual_gaps(entries, limit: float) -> tuple[np.ndarray, np.ndarray]:
     """
     if not limit > 0:
         raise ValueError(f"counterfactual_gaps: limit must be positive, got {limit!r}")
-    a = np.asarray(entries, dtype=float).reshape(-1, 3)
-    p, d, t = a[:, 0], a[:, 1], a[:, 2]
-    dec = (p == 0) & (d > 0)
-    mixed = (p > 0) & (d > 0)
-    if not (dec.any() or mixed.any()):
-        return np.zeros(0), np.zeros(0)
-    t0 = float(np.median(t[dec])) if dec.any() else float(t[mixed].min())
-    vals, wts = [t[dec]], [d[dec]]
-    if mixed.any():
-        run = np.cumsum(~mixed)[mixed]  # run id: constant over consecutive mixed iterations
-        _, inv = np.unique(run, return_inverse=True)
-        P = np.bincount(inv, weights=p[mixed])
-        E = np.bincount(inv, weights=np.maximum(t[mixed] - t0, 0.0))
-        D = np.bincount(inv, weights=d[mixed])
-        k = np.bincount(inv).astype(float)
-        n = np.maximum(1.0, np.ceil(P / float(limit) - 1e-9))
-        vals.append(t0 + E / n)
-        wts.append(n * D / k)
-    return np.concatenate(vals), np.concatenate(wts)
+    return _Runs(*_columns(entries)).under(limit)
 
 
 def tail_quantiles(tail_quantile: float, tail_band: float) -> tuple[float, ...]:
@@ -150,7 +215,7 @@ def tail_quantiles(tail_quantile: float, tail_band: float) -> tuple[float, ...]:
 
 
 def compare_tails(
-    window: Sequence[tuple[int, int, float]], limit: int, no_cap_limit: int, quantiles: tuple[float, ...],
+    window: "Sequence[tuple[int, int, float]] | IterationWindow", limit: int, no_cap_limit: int, quantiles: tuple[float, ...],
     tail_quantile: float, margin: float,
 ) -> tuple[bool, dict[str, Any] | None]:
     """Whether capping at ``limit`` tokens beats no cap on the rebuilt tail of ``window``.
@@ -168,10 +233,13 @@ def compare_tails(
         prefill chunk larger than ``limit`` was seen (a cap that never binds
         cannot help).
     """
-    if not window or no_cap_limit <= limit:
+    if not len(window) or no_cap_limit <= limit:
         return False, None
-    cv, cw = counterfactual_gaps(window, limit)
-    uv, uw = counterfactual_gaps(window, no_cap_limit)
+    if not limit > 0:
+        raise ValueError(f"compare_tails: limit must be positive, got {limit!r}")
+    runs = _Runs(*_columns(window))  # one pass over the window serves both limits
+    cv, cw = runs.under(limit)
+    uv, uw = runs.under(no_cap_limit)
     if cv.size == 0 or cw.sum() <= 0:
         return False, None
     qc = weighted_quantiles(cv, cw, quantiles)
@@ -184,6 +252,7 @@ def compare_tails(
 
 
 __all__ = [
+    "IterationWindow",
     "TAIL_GRID",
     "compare_tails",
     "counterfactual_gaps",
