@@ -107,10 +107,40 @@ def check_requests(cfg: ExperimentConfig, requests: Sequence, num_gpu_blocks: in
                           f"tokens ({num_gpu_blocks} blocks), too small for one request of {longest} tokens")
 
 
+_WORKLOADS: dict[tuple, object] = {}
+
+
+def _file_stamps(workload) -> tuple | None:
+    """``(path, size, mtime_ns)`` of the files a workload config reads; ``None`` when one cannot be stat'ed."""
+    from dlfp.workload.replay import resolve_trace_path
+
+    names = [getattr(getattr(workload, "trace", None), "path", None), getattr(workload, "requests_csv", None)]
+    out = []
+    for name in filter(None, names):
+        try:
+            st = resolve_trace_path(name).stat()
+        except OSError:
+            return None
+        out.append((str(name), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def _workload(cfg: ExperimentConfig, seed: int):
+    """The workload instance of ``cfg`` and ``seed``, built once per process (every arm of a seed replays the
+    same requests; building a trace-replay workload takes about 0.1 s). Keyed by the workload config, the seed and
+    the size and modification time of the files it reads."""
     from dlfp.workload.generator import make_workload
 
-    return make_workload(cfg.workload, seed)
+    stamps = _file_stamps(cfg.workload)
+    if stamps is None:
+        return make_workload(cfg.workload, seed)
+    key = (cfg.workload.model_dump_json(), int(seed), stamps)
+    wi = _WORKLOADS.get(key)
+    if wi is None:
+        if len(_WORKLOADS) >= 16:
+            _WORKLOADS.clear()
+        wi = _WORKLOADS[key] = make_workload(cfg.workload, seed)
+    return wi
 
 
 def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[int, int], None] | None = None,
