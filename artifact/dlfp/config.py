@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+                      model_serializer, model_validator)
 
 from dlfp.paths import EXPERIMENTS_DIR
 from dlfp.policies.base import Policy, reject_bool
@@ -51,6 +51,10 @@ def check_plain_name(v: Any) -> str:
     if not isinstance(v, str) or not _PLAIN_NAME.fullmatch(v) or ".." in v:
         raise ValueError(f"{v!r} must be a plain name ([A-Za-z0-9._-], no '/' or '..')")
     return v
+
+
+#: Fields a dump leaves out while they hold their default (so older configs dump as before); overrides may set them.
+_OMITTED_AT_DEFAULT = frozenset({"workload.prompt_source"})
 
 
 class _Strict(BaseModel):
@@ -120,6 +124,9 @@ class Workload(_Strict):
     output_tokens: Int = Field(default=128, gt=0)
     prompt_tokens: Int | None = Field(default=None, gt=0, description="for kind=fixed")
     prompt_scale: Float = Field(default=1.0, gt=0, description="multiply sampled prompt lengths")
+    prompt_source: Literal["mooncake-conversation", "mooncake-synthetic", "azure-code", "azure-conversation"] = Field(
+        default="mooncake-conversation", description="kind=agent: the trace whose prompt-length quantiles are "
+                                                     "sampled (dlfp.workload.profiles.PROMPT_SOURCES)")
     min_prompt_tokens: Int = Field(default=16, gt=0)
     max_prompt_tokens: Int = Field(default=32768, gt=0)
     vocab_size: Int = Field(default=151936, gt=1000)
@@ -146,6 +153,15 @@ class Workload(_Strict):
             raise ValueError(f"workload.requests: {len(self.requests)} rows, but num_warmup + num_requests = "
                              f"{self.num_warmup + self.num_requests}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """Dumps leave ``prompt_source`` out at its default, so every config written before the field existed
+        (trace metadata, derived-experiment names) dumps exactly as before."""
+        d = handler(self)
+        if isinstance(d, dict) and d.get("prompt_source") == "mooncake-conversation":
+            d.pop("prompt_source")
+        return d
 
     def uses_rate(self) -> bool:
         """Whether arrivals depend on ``rate`` (Poisson arrivals, or a trace time-scaled to it)."""
@@ -318,7 +334,8 @@ class ExperimentConfig(_Strict):
                 if not isinstance(node, dict) or p not in node:
                     raise ConfigError(f"override {key!r}: no field {p!r} in experiment {self.name!r}")
                 node = node[p]
-            if not isinstance(node, dict) or (parts[-1] not in node and parts[0] not in ("arms", "backend_options")):
+            if not isinstance(node, dict) or (parts[-1] not in node and parts[0] not in ("arms", "backend_options")
+                                              and key not in _OMITTED_AT_DEFAULT):
                 raise ConfigError(f"override {key!r}: no field {parts[-1]!r} in experiment {self.name!r}")
             node[parts[-1]] = copy.deepcopy(value)
         return _validate(data, f"experiment {self.name!r} with overrides {overrides}")

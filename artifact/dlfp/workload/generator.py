@@ -113,14 +113,24 @@ def agent_quantile_table(path: str | Path = AGENT_QUANTILES_PATH) -> tuple[np.nd
 
 
 def sample_agent_lengths(rng: np.random.Generator, n: int, *, scale: float = 1.0, lo: int = 1,
-                         hi: int | None = None, table: str | Path = AGENT_QUANTILES_PATH) -> np.ndarray:
+                         hi: int | None = None, table: str | Path = AGENT_QUANTILES_PATH,
+                         source: str = "mooncake-conversation") -> np.ndarray:
     """Draw ``n`` prompt lengths (int64, shape ``(n,)``) from the agent profile.
 
     Inverse-CDF sampling: ``u ~ U[0, 1)``, length = linear interpolation of the
     quantile table at ``u``, times ``scale``, rounded half-to-even, clipped to
-    ``[lo, hi]``.
+    ``[lo, hi]``. The table is ``table`` for the default ``source``, else the quantiles of that source's shipped
+    trace (``dlfp.workload.profiles.source_quantiles``).
+
+    Raises:
+        WorkloadError: a missing or malformed table, an unknown source.
     """
-    probs, qs, _ = _load_quantile_table(str(table))
+    if source == "mooncake-conversation":
+        probs, qs, _ = _load_quantile_table(str(table))
+    else:
+        from dlfp.workload.profiles import source_quantiles
+
+        probs, qs = source_quantiles(source)
     u = rng.random(n)
     x = np.rint(np.interp(u, probs, qs) * scale).astype(np.int64)
     return np.clip(x, lo, hi if hi is not None else np.iinfo(np.int64).max)
@@ -178,7 +188,8 @@ def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
             lengths = np.full(total, n, dtype=np.int64)
         elif wl.kind == "agent":
             lengths = sample_agent_lengths(np.random.default_rng(ss_len), total, scale=wl.prompt_scale,
-                                           lo=wl.min_prompt_tokens, hi=wl.max_prompt_tokens)
+                                           lo=wl.min_prompt_tokens, hi=wl.max_prompt_tokens,
+                                           source=wl.prompt_source)
         else:  # pragma: no cover - config validation forbids it
             raise WorkloadError(f"workload.kind: unknown kind {wl.kind!r}")
         outs = np.full(total, wl.output_tokens, dtype=np.int64)

@@ -18,6 +18,7 @@ finer because the distribution is heavy-tailed), rounded to 0.001 token.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -33,6 +34,20 @@ SOURCE = ("Mooncake FAST'25 release, FAST25-release/traces/conversation_trace.js
           "data/workloads/mooncake_conversation_trace.jsonl")
 
 
+#: Prompt-length sources of the agent profile: name -> (shipped trace, format, description). The default,
+#: ``mooncake-conversation``, is the committed table ``dlfp/data/agent_prompt_quantiles.json``; the others are
+#: derived from their shipped trace the same way when first used (``source_quantiles``).
+PROMPT_SOURCES: dict[str, tuple[str, str, str]] = {
+    "mooncake-conversation": (DEFAULT_TRACE, "mooncake", "Mooncake conversation trace, input_length"),
+    "mooncake-synthetic": ("data/workloads/mooncake_synthetic_trace.jsonl", "mooncake",
+                           "Mooncake synthetic trace, input_length"),
+    "azure-code": ("data/workloads/azure_llm_2023_code.csv", "azure", "Azure LLM 2023 code trace, ContextTokens"),
+    "azure-conversation": ("data/workloads/azure_llm_2023_conv.csv", "azure",
+                           "Azure LLM 2023 conversation trace, ContextTokens"),
+}
+DEFAULT_PROMPT_SOURCE = "mooncake-conversation"
+
+
 def probability_grid() -> np.ndarray:
     """The table's probabilities, shape (110,): 0.00..0.99 step 0.01, then 0.991..1.000 step 0.001."""
     coarse = np.round(np.arange(100) / 100, 3)
@@ -40,7 +55,34 @@ def probability_grid() -> np.ndarray:
     return np.concatenate([coarse, fine])
 
 
-def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE) -> dict:
+def source_quantiles(source: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(probabilities, quantiles_tokens)``, shape ``(110,)`` each, of a prompt-length source (``PROMPT_SOURCES``).
+
+    The default source reads the committed table; the others derive it from their shipped trace with
+    :func:`derive_agent_quantiles` (same grid and method), once per process.
+
+    Raises:
+        WorkloadError: an unknown source (lists the known ones), or its trace is missing or garbled.
+    """
+    from dlfp.workload.generator import WorkloadError, agent_quantile_table
+
+    if source not in PROMPT_SOURCES:
+        raise WorkloadError(f"field workload.prompt_source: unknown source {source!r}; known: "
+                            f"{', '.join(PROMPT_SOURCES)}")
+    if source == DEFAULT_PROMPT_SOURCE:
+        return agent_quantile_table()
+    probs, qs = _derived_quantiles(source)
+    return probs.copy(), qs.copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _derived_quantiles(source: str) -> tuple[np.ndarray, np.ndarray]:
+    path, fmt, _ = PROMPT_SOURCES[source]
+    table = derive_agent_quantiles(path, fmt)
+    return np.asarray(table["probabilities"], dtype=float), np.asarray(table["quantiles"], dtype=float)
+
+
+def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE, fmt: str = "mooncake") -> dict:
     """The quantile table of Mooncake ``input_length`` as a JSON-ready dict.
 
     Keys: ``source``, ``trace_sha256``, ``rows``, ``column``, ``method``,
@@ -49,7 +91,7 @@ def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE) -> dict:
     Raises:
         dlfp.workload.generator.WorkloadError: the trace is missing or garbled.
     """
-    rows = load_trace(trace_path, "mooncake")
+    rows = load_trace(trace_path, fmt)
     x = np.array([r.input_length for r in rows], dtype=float)
     p = probability_grid()
     q = np.round(np.quantile(x, p, method="linear"), 3)
@@ -57,7 +99,7 @@ def derive_agent_quantiles(trace_path: str | Path = DEFAULT_TRACE) -> dict:
 
     digest = hashlib.sha256(resolve_trace_path(trace_path).read_bytes()).hexdigest()
     return {
-        "source": SOURCE,
+        "source": SOURCE if str(trace_path) == DEFAULT_TRACE else f"{trace_path} ({fmt} format)",
         "trace_sha256": digest,
         "rows": int(x.size),
         "column": "input_length",
