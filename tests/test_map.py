@@ -128,3 +128,16 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main_map(["qwen3-8b", "--executor", "ray://x:1", "--no-render"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "unknown map 'no-such-map'" in err[0] and "ray://x:1" in err[1]
+
+
+def test_claim_directions_by_hand():
+    from dlfp.studies.map.claims import holds
+
+    cells = pd.DataFrame({"d_itl_pct": [-10.0, -10.0, 5.0], "d_itl_lo": [-20.0, -20.0, 1.0],
+                          "d_itl_hi": [-1.0, 4.0, 9.0], "d_itl_armmean_pct": [-3.0, 2.0, 6.0],
+                          "gap_over_slo_dlfp": [0.01, 0.02, 0.03], "gap_over_slo_baseline": [0.02, 0.01, 0.03]})
+    assert list(holds(cells, "itl", "lowers", "paper")) == [True, False, False]
+    assert list(holds(cells, "itl", "not_a_win", "paper")) == [False, True, True]
+    assert list(holds(cells, "itl", "raises", "paper")) == [False, False, True]
+    assert list(holds(cells, "itl", "lowers", "armmean")) == [True, False, False]
+    assert list(holds(cells, "itl", "lowers", "tail_share")) == [True, False, False]

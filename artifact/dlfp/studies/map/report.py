@@ -74,6 +74,15 @@ def write_outputs(out: str | Path, names: list[str], quick: bool = False) -> dic
                            "above the ITL SLO; utilisation: prefill demand over capacity"])
         for metric, tag in (("d_itl_pct", "itl"), ("d_ttft_pct", "ttft")):
             save(figures.heatmap(cells, spec, metric), out, f"{name}_{tag}", formats=("png",))
+    from dlfp.studies.map.claims import claims_table
+
+    claims = claims_table(pd.concat([frames[f"{n}_cells"] for n in names], ignore_index=True))
+    frames["map_claims"] = claims
+    write_table(claims, out, "map_claims", title="Where each published claim holds on the workload map (simulator)",
+                notes=["cells_holding: cells of the map where the claim's direction holds; at_paper_rate: the same at "
+                       "the paper's rate, also per prompt-length source; shipped_holds: at the shipped assumption",
+                       "statistic paper: mean of per-seed paired P99 changes with its 95 % interval; armmean: change "
+                       "of the arm means; tail_share: share of gaps above the ITL SLO (dlfp.studies.map.claims)"])
     if {"qwen3-8b", "qwen3-0.6b-tp1"} <= set(names):
         frames.update(_inference(out, pd.concat([frames["qwen3-8b_cells"], frames["qwen3-0.6b-tp1_cells"]]),
                                  default_published_csv(), write_table, inference))
