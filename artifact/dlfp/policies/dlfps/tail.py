@@ -215,8 +215,8 @@ def tail_quantiles(tail_quantile: float, tail_band: float) -> tuple[float, ...]:
 
 
 def compare_tails(
-    window: "Sequence[tuple[int, int, float]] | IterationWindow", limit: int, no_cap_limit: int, quantiles: tuple[float, ...],
-    tail_quantile: float, margin: float,
+    window: "Sequence[tuple[int, int, float]] | IterationWindow", limit: int, no_cap_limit: int,
+    quantiles: tuple[float, ...], tail_quantile: float, margin: float,
 ) -> tuple[bool, dict[str, Any] | None]:
     """Whether capping at ``limit`` tokens beats no cap on the rebuilt tail of ``window``.
 
