@@ -21,8 +21,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures;"
 	@echo "               on the simulator every trial is rerun and compared with the shipped trace (reproducibility"
-	@echo "               check: identical ones stay untouched); real-time backends keep cached trials (ARGS=--force)"
-	@echo "make figures   rebuild data/results/ from cached traces only (no engine runs)"
+	@echo "               check: identical ones stay untouched) unless this code verified it before (VERIFIED.json);"
+	@echo "               real-time backends keep cached trials; fresh notebooks are not re-executed (ARGS=--force)"
+	@echo "make figures   rebuild data/results/ from cached traces only (no engine runs; fresh outputs are kept)"
 	@echo "make lab       install JupyterLab (extra 'lab', pinned; not part of the test environment) and open the"
 	@echo "               executed notebooks: data/results/figures.ipynb, data/traces/<backend>/<experiment>/"
 	@echo "               experiment.ipynb (LAB_ARGS=--no-browser on a remote machine, LAB_PORT=8888)"

@@ -338,7 +338,7 @@ def test_cli_run_all_rejects_unknown_experiment_before_running(capsys, monkeypat
     ran = []
     from dlfp.pipeline import execute
 
-    monkeypatch.setattr(execute, "execute_experiment_notebook", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(execute, "execute_experiment_notebook_checked", lambda *a, **k: ran.append(a))
     assert main(["run-all", "--backend", "sim", "--experiments", EXP, "nope-exp"]) == 2
     assert ran == []
     assert "nope-exp" in capsys.readouterr().err

@@ -28,7 +28,7 @@ def test_bad_configuration_is_one_line_before_the_cache_is_read(tmp_path, monkey
         write_trial(fake_trial(cfg, arm, 801), traces)
     before = {p: p.stat().st_mtime_ns for p in traces.rglob("*")}
     ran = []
-    monkeypatch.setattr(execute, "execute_experiment_notebook", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(execute, "execute_experiment_notebook_checked", lambda *a, **k: ran.append(a))
     monkeypatch.setattr(verify, "verify_trials", lambda *a, **k: ran.append(a))
     assert main(["run-all", "--backend", "sim", "--traces", str(traces), "--results", str(tmp_path / "r"),
                  "--set", override]) == 2
@@ -92,6 +92,19 @@ def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path
     trials = {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")}
     capsys.readouterr()
     assert main(args) == 0
+    captured = capsys.readouterr()
+    out = captured.out.strip().splitlines()
+    assert [p.read_bytes() for p in nbs] == first
+    assert {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")} == trials  # untouched
+    assert "dlfp run-all: 6 trials fresh: verified by this code, not rerun; --force reruns" in captured.err
+    assert len(out) == 1 and out[0].startswith(
+        "run-all on sim: 1 experiment(s), 6 trials fresh (verified by this code, not rerun); 1 of 1 experiment "
+        "notebook(s) fresh, not re-executed; results in data/results (fresh, not re-rendered); ") \
+        and out[0].endswith(" s")
+    stamps = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.json") if p.name != "metadata.json")
+    assert stamps == ["data/results/figures.stamp.json", "data/traces/sim/VERIFIED.json",
+                      f"data/traces/sim/{EXP}/experiment.stamp.json"]
+    assert main(args + ["--force"]) == 0  # reruns and compares every trial, executes every notebook again
     out = capsys.readouterr().out.strip().splitlines()
     assert [p.read_bytes() for p in nbs] == first
     assert {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")} == trials  # identical: untouched

@@ -7,7 +7,7 @@ Usage::
                         [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-progress]
     dlfp run-all [--backend B] [--experiments E ...] [--seeds S ...] [--force] [--quick] [--traces DIR]
                  [--results DIR] [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-figures]
-    dlfp figures [--traces DIR] [--out DIR] [--published CSV]
+    dlfp figures [--traces DIR] [--out DIR] [--published CSV] [--allow-partial] [--force]
     dlfp calibrate ...      (dlfp.studies.calibration.main_calibrate; `dlfp calibrate -h`)
     dlfp validate-sim ...   (dlfp.studies.validation.main_validate; `dlfp validate-sim -h`)
     dlfp sensitivity [--experiments E ...] [--out DIR] [--seeds S ...] [--arms A ...] [--host-scales K ...]
@@ -142,7 +142,9 @@ def _run_all(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--experiments", nargs="+", default=None, help="subset (default: every experiment for the backend)")
     p.add_argument("--seeds", type=seed_arg, nargs="+", default=None,
                    help="subset of seeds (default: each config's)")
-    p.add_argument("--force", action="store_true", help="re-run trials that are already complete on disk")
+    p.add_argument("--force", action="store_true",
+                   help="re-run trials that are already complete on disk (on the simulator: also those verified "
+                        "before) and execute every notebook even when its outputs are fresh")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: at most 20 measured requests per trial, into data/traces-quick and "
                         "data/results-quick")
@@ -177,12 +179,21 @@ def run_all_summary(res: dict) -> str:
     n = len(res["notebooks"])
     v = res.get("verification")
     if v is not None:
-        did = f"{v.total} trials rerun, {v.identical} identical to the shipped traces, {len(v.replaced)} replaced"
-        did += f", {v.added} added (were missing)" if v.added else ""
+        parts = [f"{v.fresh} trials fresh (verified by this code, not rerun)"] if v.fresh else []
+        if v.total or not v.fresh:
+            rerun = f"{v.total} trials rerun, {v.identical} identical to the shipped traces, {len(v.replaced)} replaced"
+            parts.append(rerun + (f", {v.added} added (were missing)" if v.added else ""))
+        did = ", ".join(parts)
     else:
         did = f"{res['trials']} trials, {res['cached']} of them cached and kept (--force reruns them)"
-    where = (f"results in {pipeline.display_path(res['results_dir'])}" if res["figures_notebook"] is not None
-             else f"traces in {pipeline.display_path(res['traces_dir'])} (figures skipped)")
+    fresh = res.get("notebooks_fresh", 0)
+    if fresh:
+        did += f"; {fresh} of {n} experiment notebook(s) fresh, not re-executed"
+    if res["figures_notebook"] is None:
+        where = f"traces in {pipeline.display_path(res['traces_dir'])} (figures skipped)"
+    else:
+        where = (f"results in {pipeline.display_path(res['results_dir'])}"
+                 + (" (fresh, not re-rendered)" if res.get("figures_fresh") else ""))
     return f"run-all on {res['backend']}: {n} experiment(s), {did}; {where}; {res['seconds']:.1f} s"
 
 
@@ -194,6 +205,9 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
     p.add_argument("--allow-partial", action="store_true",
                    help="render what loads into <out>-partial: rows of affected experiments marked incomplete, "
                         "no claim judged (default: a corrupt, partial or mispaired trace set stops the render)")
+    p.add_argument("--force", action="store_true",
+                   help="render even when the outputs are fresh (same traces, notebook, inputs and code as the "
+                        "stamp of their render)")
 
     def run(args: argparse.Namespace) -> int:
         import time
@@ -201,9 +215,12 @@ def _figures(p: argparse.ArgumentParser) -> Handler:
         from dlfp import pipeline
 
         t0 = time.perf_counter()
-        nb = pipeline.render_figures(args.traces, args.out, args.published, allow_partial=args.allow_partial)
-        print(f"tables and figures: {pipeline.display_path(nb.parent)}  (executed notebook: "
-              f"{pipeline.display_path(nb)}; {time.perf_counter() - t0:.1f} s)")
+        r = pipeline.render_figures_checked(args.traces, args.out, args.published, allow_partial=args.allow_partial,
+                                            force=args.force)
+        how = ("fresh: rendered by this code from these traces and inputs, not re-rendered; --force re-renders"
+               if r.fresh else f"executed notebook: {pipeline.display_path(r.path)}")
+        print(f"tables and figures: {pipeline.display_path(r.path.parent)}  ({how}; "
+              f"{time.perf_counter() - t0:.1f} s)")
         return 0
     return run
 

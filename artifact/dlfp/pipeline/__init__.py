@@ -14,8 +14,10 @@ Modules, in the order a run uses them:
 * ``execute``: ``run_experiment`` (in process or a worker pool) and ``run_all``;
 * ``pool``: worker processes that end with their parent and whose death names the trial;
 * ``verify``: ``run-all`` on the simulator reruns every trial and compares it with the shipped one;
+* ``verified``: the record of the trials this code already reran and found identical (not rerun again);
 * ``notebooks``: papermill execution of ``experiment.ipynb`` and ``figures.ipynb`` (``render_figures``),
   reproducible executed copies, and the parameter check the notebooks call;
+* ``stamps``: content fingerprints of what rendered each executed notebook (a fresh one is not executed again);
 * ``interrupts``: Ctrl-C and SIGTERM as one line, temporaries removed, exit status 130/143;
 * ``progress``: where progress bars and notes go (not into executed notebooks);
 * ``errors``: ``PipelineError``.
@@ -25,8 +27,9 @@ Every public name is importable from ``dlfp.pipeline`` itself.
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.execute import ExperimentRun, PendingTrial, TrialOutcome, run_all, run_experiment, run_parallel
 from dlfp.pipeline.interrupts import TALLY, Terminated
-from dlfp.pipeline.notebooks import (NotebookParameterError, check_parameters, execute_experiment_notebook,
-                                     execute_notebook, render_figures)
+from dlfp.pipeline.notebooks import (NotebookParameterError, Rendered, check_parameters, execute_experiment_notebook,
+                                     execute_experiment_notebook_checked, execute_notebook, render_figures,
+                                     render_figures_checked)
 from dlfp.pipeline.paths import (ROOT_ENV, check_output_dir, default_published_csv, default_results_dir,
                                  default_traces_dir, display_path, notebooks_dir, repo_root)
 from dlfp.pipeline.plan import (BACKEND_ENV, FRONTIER_PREFIX, JOBS_ENV, QUICK_NUM_REQUESTS, auto_backend,
@@ -39,11 +42,14 @@ from dlfp.pipeline.progress import PROGRESS_ENV, progress_file, say
 from dlfp.pipeline.verify import Verification, verify_trials
 
 __all__ = ["BACKEND_ENV", "ExperimentRun", "FRONTIER_PREFIX", "JOBS_ENV", "NotebookParameterError", "PROGRESS_ENV",
-           "PendingTrial", "PipelineError", "QUICK_NUM_REQUESTS", "ROOT_ENV", "TALLY", "Terminated", "TrialOutcome",
+           "PendingTrial", "PipelineError", "QUICK_NUM_REQUESTS", "ROOT_ENV", "Rendered", "TALLY", "Terminated",
+           "TrialOutcome",
            "Verification", "auto_backend", "check_backend_config", "check_output_dir", "check_parameters",
            "config_mismatch", "default_matrix", "default_published_csv", "default_results_dir", "default_traces_dir",
-           "derived_experiment", "display_path", "execute_experiment_notebook", "execute_notebook",
+           "derived_experiment", "display_path", "execute_experiment_notebook", "execute_experiment_notebook_checked",
+           "execute_notebook",
            "experiment_backends", "frontier_overrides", "gpu_present", "load_config", "notebooks_dir",
-           "parse_overrides", "prepare_config", "progress_file", "quick_overrides", "render_figures", "repo_root",
+           "parse_overrides", "prepare_config", "progress_file", "quick_overrides", "render_figures",
+           "render_figures_checked", "repo_root",
            "resolve_backend", "run_all", "run_experiment", "run_parallel", "run_pool", "say", "select_arms",
            "select_seeds", "software_present", "trial_state", "verify_trials", "worker_count"]

@@ -20,7 +20,7 @@ from dlfp.backends import get_backend
 from dlfp.config import ExperimentConfig
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import TALLY
-from dlfp.pipeline.notebooks import execute_experiment_notebook, render_figures
+from dlfp.pipeline.notebooks import execute_experiment_notebook_checked, render_figures_checked
 from dlfp.pipeline.paths import check_output_dir, default_results_dir, default_traces_dir, display_path
 from dlfp.pipeline.plan import (check_backend_config, default_matrix, prepare_config, resolve_backend, select_arms,
                                 select_seeds, trial_state, worker_count)
@@ -267,12 +267,16 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
     Every selected experiment's configuration is built and checked for the backend first (``prepare_config``,
     ``check_backend_config``), before any cache is looked at. On a backend that is not real-time (the
     simulator) every trial is then rerun and compared with the shipped one (``dlfp.pipeline.verify``), so the
-    notebooks find them all complete; on a real-time backend cached trials are kept unless ``force``. With
-    ``overrides`` and no explicit ``traces_dir`` the trials are derived experiments (``run_experiment``).
+    notebooks find them all complete, except the trials this code already verified (fresh: not rerun); on a
+    real-time backend cached trials are kept unless ``force``. With ``overrides`` and no explicit ``traces_dir``
+    the trials are derived experiments (``run_experiment``). An experiment notebook or the figures whose outputs
+    are fresh (``dlfp.pipeline.stamps``) is not executed again; ``force`` reruns every trial and executes every
+    notebook.
 
-    Returns a dict with ``backend``, ``notebooks`` (executed experiment copies), ``figures_notebook``,
-    ``results_dir``, ``traces_dir``, ``seconds`` (wall time), ``verification`` (``Verification`` or ``None``),
-    ``trials`` (number selected) and ``cached`` (complete on disk before the run, real-time backends).
+    Returns a dict with ``backend``, ``notebooks`` (executed experiment copies, fresh or just executed),
+    ``figures_notebook``, ``results_dir``, ``traces_dir``, ``seconds`` (wall time), ``verification``
+    (``Verification`` or ``None``), ``trials`` (number selected), ``cached`` (complete on disk before the run,
+    real-time backends), ``notebooks_fresh`` (experiment notebooks not executed again) and ``figures_fresh``.
 
     Raises:
         ConfigError: an unknown experiment or a configuration the backend cannot run (before anything runs).
@@ -291,31 +295,41 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
                               "traces directory (--traces)")
     results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
                                "results directory (--results)")
-    verification, cached = None, 0
+    verification, cached, rerender = None, 0, force
     if not get_backend(backend).real_time:
         from dlfp.pipeline.verify import verify_trials
 
         verification = verify_trials(plans, backend, traces, worker_count(backend, jobs),
-                                     progress=bars_enabled(progress))
-        say(f"dlfp run-all: {verification.summary()}")
-        force = False  # every trial was just rerun and checked
+                                     progress=bars_enabled(progress), force=force)
+        if verification.fresh:
+            say(f"dlfp run-all: {verification.fresh_line()}")
+        if verification.total:
+            say(f"dlfp run-all: {verification.summary()}")
+        force = False  # every trial was just rerun and checked, or verified by this code before
     elif not force:
         cached = sum(trial_state(trial_dir(traces, backend, cfg.name, a, s), cfg, a)[0] == "complete"
                      for cfg, arms, seed_list in plans for s in seed_list for a in arms)
-    executed = []
+    executed, fresh = [], 0
     for i, (n, (cfg, _, _)) in enumerate(zip(names, plans), 1):
-        say(f"dlfp run-all [{backend}] experiment {i}/{len(names)}: {cfg.name}")
-        executed.append(execute_experiment_notebook(n, backend=backend, traces_dir=traces, seeds=seeds,
-                                                    overrides=overrides, force=force, quick=quick,
-                                                    frontier=frontier, experiment_id=cfg.name,
-                                                    explicit_dir=traces_dir is not None))
+        head = f"dlfp run-all [{backend}] experiment {i}/{len(names)}: {cfg.name}"
+        r = execute_experiment_notebook_checked(
+            n, backend=backend, traces_dir=traces, seeds=seeds, overrides=overrides, force=force, quick=quick,
+            frontier=frontier, experiment_id=cfg.name, explicit_dir=traces_dir is not None, rerender=rerender,
+            announce=lambda r, head=head: say(head + (" (fresh: notebook and tables not re-executed)" if r.fresh
+                                                      else "")))
+        executed.append(r.path)
+        fresh += r.fresh
         TALLY.experiments.append(cfg.name)
     # a subset of seeds leaves the experiments incomplete: render what exists, into <results>-partial
-    fig_nb = render_figures(traces if traces_dir is not None else None, results if results_dir is not None else None,
-                            quick=quick, allow_partial=bool(seeds)) if figures else None
-    return dict(backend=backend, notebooks=executed, figures_notebook=fig_nb, results_dir=results,
+    fig = render_figures_checked(traces if traces_dir is not None else None,
+                                 results if results_dir is not None else None, quick=quick,
+                                 allow_partial=bool(seeds), force=rerender) if figures else None
+    if fig is not None and fig.fresh:
+        say(f"dlfp run-all: tables and figures in {display_path(fig.path.parent)} fresh: not re-rendered")
+    return dict(backend=backend, notebooks=executed, figures_notebook=fig.path if fig else None, results_dir=results,
                 traces_dir=traces, seconds=time.perf_counter() - t0, verification=verification,
-                trials=sum(len(a) * len(s) for _, a, s in plans), cached=cached)
+                trials=sum(len(a) * len(s) for _, a, s in plans), cached=cached, notebooks_fresh=fresh,
+                figures_fresh=bool(fig and fig.fresh))
 
 
 __all__ = ["ExperimentRun", "PendingTrial", "TrialOutcome", "run_all", "run_experiment", "run_parallel"]

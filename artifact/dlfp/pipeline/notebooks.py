@@ -10,8 +10,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
+from dlfp.pipeline import stamps
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import stop_at_once
 from dlfp.pipeline.paths import (check_output_dir, default_published_csv, default_results_dir, default_traces_dir,
@@ -127,31 +128,89 @@ def remove_trial_temporaries(dirs: Sequence[Path], since: float) -> None:
                 pass
 
 
-def execute_experiment_notebook(experiment: str, *, backend: str, traces_dir: Path, seeds: Sequence[int] | None = None,
-                                overrides: dict[str, Any] | None = None, force: bool = False, quick: bool = False,
-                                frontier: bool | None = None, experiment_id: str | None = None,
-                                explicit_dir: bool = True) -> Path:
-    """Execute ``notebooks/experiment.ipynb`` for one experiment; returns the executed copy's path.
+class Rendered(NamedTuple):
+    """What a render did: the executed notebook's path, whether it was ``fresh`` (its stamp matched, so nothing
+    ran) and, when it ran, why (``reason``: no stamp, a changed input, the code, ``--force``)."""
+
+    path: Path
+    fresh: bool
+    reason: str = ""
+
+
+#: The files ``experiment.ipynb`` writes beside an experiment's traces.
+EXPERIMENT_OUTPUTS = ("experiment.ipynb", "headline.csv", "headline.md", "headline_per_seed.csv",
+                      "headline_per_seed.md")
+
+
+def execute_experiment_notebook(experiment: str, **kwargs: Any) -> Path:
+    """``execute_experiment_notebook_checked(...).path``: the executed copy (fresh or just executed)."""
+    return execute_experiment_notebook_checked(experiment, **kwargs).path
+
+
+def execute_experiment_notebook_checked(experiment: str, *, backend: str, traces_dir: Path,
+                                        seeds: Sequence[int] | None = None, overrides: dict[str, Any] | None = None,
+                                        force: bool = False, quick: bool = False, frontier: bool | None = None,
+                                        experiment_id: str | None = None, explicit_dir: bool = True,
+                                        rerender: bool = False,
+                                        announce: Callable[[Rendered], None] | None = None) -> Rendered:
+    """Execute ``notebooks/experiment.ipynb`` for one experiment, unless its output is fresh.
 
     The copy goes to ``<traces>/<backend>/<experiment_id>/experiment.ipynb`` (``experiment_id``: the derived id
     of a run with overrides, default ``experiment``); the notebook runs ``run_experiment`` with these arguments,
-    its ``out_dir`` being ``traces_dir`` when ``explicit_dir``, else ``None`` (the default root).
+    its ``out_dir`` being ``traces_dir`` when ``explicit_dir``, else ``None`` (the default root). Fresh
+    (``dlfp.pipeline.stamps``: the same notebook source, parameters, code and trials of this experiment as when
+    its stamp was written, and its outputs unchanged), nothing runs; ``force`` (rerun trials) or ``rerender``
+    always execute it. The stamp is written after a successful execution. ``announce`` is called with the
+    outcome once it is known: before the execution starts, or when the output is fresh.
 
     Raises:
         PipelineError: see ``execute_notebook``.
     """
-    exp_dir = Path(traces_dir) / backend / (experiment_id or experiment)
+    exp_id = experiment_id or experiment
+    exp_dir = Path(traces_dir) / backend / exp_id
     params = dict(experiment=experiment, backend=backend, seeds=list(seeds) if seeds else None,
                   out_dir=notebook_path(traces_dir) if explicit_dir else None, overrides=dict(overrides or {}),
                   force=bool(force), quick=bool(quick), frontier=frontier)
-    return execute_notebook(notebooks_dir() / "experiment.ipynb", exp_dir / "experiment.ipynb", params,
-                            temporaries=[exp_dir])
+    source = notebooks_dir() / "experiment.ipynb"
+    output = exp_dir / "experiment.ipynb"
+
+    def inputs() -> dict[str, str]:
+        return {"notebooks/experiment.ipynb": stamps.file_digest(source),
+                **stamps.traces_digests(traces_dir, [(backend, exp_id)])}
+
+    reason = ("trials forced to rerun (--force)" if force else "forced (--force)" if rerender
+              else stamps.stale_reason(output, inputs(), params))
+    out = Rendered(output, reason is None, reason or "")
+    if announce is not None:
+        announce(out)
+    if out.fresh:
+        return out
+    execute_notebook(source, output, params, temporaries=[exp_dir])
+    stamps.write_stamp(output, inputs(), params, EXPERIMENT_OUTPUTS)  # the trials as the notebook left them
+    return out
 
 
 def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path | None = None,
                    published_csv: str | Path | None = None, quick: bool = False,
-                   formats: Sequence[str] = ("png", "pdf"), allow_partial: bool = False) -> Path:
-    """Execute ``notebooks/figures.ipynb`` from cached traces only; returns the executed copy's path.
+                   formats: Sequence[str] = ("png", "pdf"), allow_partial: bool = False, force: bool = False) -> Path:
+    """``render_figures_checked(...).path``: the executed ``figures.ipynb`` (fresh or just rendered)."""
+    return render_figures_checked(traces_dir, results_dir, published_csv, quick=quick, formats=formats,
+                                  allow_partial=allow_partial, force=force).path
+
+
+def _figures_inputs(traces: Path, results: Path, published: Path) -> dict[str, str]:
+    """What ``figures.ipynb`` reads, as digests: its source, the traces, the published numbers, the outputs of
+    ``dlfp validate-sim`` and ``dlfp calibrate`` (``<results>/fidelity``, ``<results>/calibration``)."""
+    return {"notebooks/figures.ipynb": stamps.file_digest(notebooks_dir() / "figures.ipynb"),
+            "published_csv": stamps.file_digest(published), "fidelity": stamps.folder_digest(results / "fidelity"),
+            "calibration": stamps.folder_digest(results / "calibration"), **stamps.traces_digests(traces)}
+
+
+def render_figures_checked(traces_dir: str | Path | None = None, results_dir: str | Path | None = None,
+                           published_csv: str | Path | None = None, quick: bool = False,
+                           formats: Sequence[str] = ("png", "pdf"), allow_partial: bool = False,
+                           force: bool = False) -> Rendered:
+    """Execute ``notebooks/figures.ipynb`` from cached traces only, unless its outputs are fresh.
 
     The executed copy goes to ``<results_dir>/figures.ipynb``; tables and
     figures to ``results_dir``. Never runs an engine. A corrupt, partial or
@@ -159,6 +218,11 @@ def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path
     ``results_dir`` (a failed notebook copy goes to the system's temporary
     folder); ``allow_partial`` renders what loads into ``<results_dir>-partial``
     instead, rows of affected experiments marked incomplete and no claim judged.
+    Fresh (``dlfp.pipeline.stamps``: the traces, notebook source, published
+    numbers, fidelity and calibration outputs, parameters and code are those of
+    the stamp's render, and every output is unchanged) nothing runs, unless
+    ``force``. The stamp is written after a successful render whose inputs did
+    not change while it ran.
 
     Raises:
         PipelineError: the traces directory does not exist, or the notebook fails.
@@ -177,8 +241,16 @@ def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path
     published = Path(published_csv) if published_csv is not None else default_published_csv()
     params = dict(traces_dir=notebook_path(traces), results_dir=notebook_path(results),
                   published_csv=notebook_path(published), formats=list(formats), allow_partial=allow_partial)
-    return execute_notebook(notebooks_dir() / "figures.ipynb", results / "figures.ipynb", params, progress_env=False,
-                            failed_dir=Path(tempfile.gettempdir()) / "dlfp-failed-notebooks")
+    output = results / "figures.ipynb"
+    before = _figures_inputs(traces, results, published)
+    reason = "forced (--force)" if force else stamps.stale_reason(output, before, params)
+    if reason is None:
+        return Rendered(output, True)
+    execute_notebook(notebooks_dir() / "figures.ipynb", output, params, progress_env=False,
+                     failed_dir=Path(tempfile.gettempdir()) / "dlfp-failed-notebooks")
+    if _figures_inputs(traces, results, published) == before:  # else: the render read changing inputs
+        stamps.write_stamp(output, before, params)
+    return Rendered(output, False, reason)
 
 
 # --------------------------------------------------------------------------- inside a notebook's kernel
@@ -246,5 +318,6 @@ def check_parameters(namespace: dict[str, Any], declared: Iterable[str]) -> None
                                      f"{', '.join(declared)}")
 
 
-__all__ = ["NotebookParameterError", "check_parameters", "clean_executed", "execute_experiment_notebook",
-           "execute_notebook", "remove_trial_temporaries", "render_figures", "unknown_parameters"]
+__all__ = ["EXPERIMENT_OUTPUTS", "NotebookParameterError", "Rendered", "check_parameters", "clean_executed",
+           "execute_experiment_notebook", "execute_experiment_notebook_checked", "execute_notebook",
+           "remove_trial_temporaries", "render_figures", "render_figures_checked", "unknown_parameters"]

@@ -5,6 +5,11 @@ Every selected trial is run again into a scratch directory beside the traces and
 trial leaves the shipped files untouched (so a clean checkout stays clean); a different or missing one is
 replaced by the fresh one (atomically: old moved aside, new renamed in, old removed). The scratch directory is
 removed afterwards, also when interrupted.
+
+A trial that this exact code already reran and found identical (``dlfp.pipeline.verified``: the record
+``<traces>/<backend>/VERIFIED.json`` matches the trial's files, its configuration and the code fingerprint) is
+fresh and not rerun, unless ``force``. Every trial rerun is entered into the record (also when the run is
+interrupted: the trials compared until then).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfp.config import ExperimentConfig
+from dlfp.fingerprint import trial_sha256
+from dlfp.pipeline import verified
 from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.progress import progress_file, say
 from dlfp.traces.compare import trial_differences
@@ -29,9 +36,19 @@ class Verification:
     identical: int = 0
     replaced: dict[str, list[str]] = field(default_factory=dict)
     added: int = 0
+    #: Trials not rerun: verified earlier by this code (``dlfp.pipeline.verified``).
+    fresh: int = 0
+
+    def fresh_line(self) -> str:
+        """The one line about the trials not rerun ("" when every trial was rerun)."""
+        if not self.fresh:
+            return ""
+        return f"{self.fresh} trials fresh: verified by this code, not rerun; --force reruns"
 
     def summary(self) -> str:
         """``N of M simulator trials identical to the shipped traces`` (+ how many were replaced)."""
+        if not self.total:
+            return f"no {_kind(self.backend)} trial rerun"
         text = f"{self.identical} of {self.total} {_kind(self.backend)} trials identical to the shipped traces"
         if self.replaced:
             text += f"; {len(self.replaced)} replaced by the fresh run"
@@ -54,40 +71,42 @@ def place_trial(fresh: Path, shipped: Path) -> None:
 
 
 def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], backend: str, traces: Path,
-                  jobs: int, progress: bool = True) -> Verification:
-    """Rerun every (config, arm, seed) of ``plans`` on ``backend`` and keep or replace the shipped trial.
+                  jobs: int, progress: bool = True, force: bool = False) -> Verification:
+    """Rerun every (config, arm, seed) of ``plans`` on ``backend`` that is not fresh and keep or replace the shipped
+    trial; ``force`` reruns the fresh ones too.
 
-    Names each trial that differed (and what differed) on stderr. Raises what a trial raises.
+    Names each trial that differed (and what differed) on stderr and enters every trial compared into the
+    verification record. Raises what a trial raises.
     """
     from tqdm import tqdm
 
+    from dlfp.fingerprint import code_fingerprint
     from dlfp.pipeline.execute import _trial_worker
     from dlfp.pipeline.pool import run_pool
 
     traces.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".rerun-", dir=traces))
-    out = Verification(backend)
-    jobs_list = [((cfg.name, arm, seed), (cfg, arm, seed, backend, str(scratch)))
-                 for cfg, arms, seeds in plans for seed in seeds for arm in arms]
+    code = code_fingerprint("trial", fresh=True)  # the code as it is now, before any trial runs
+    rec_path = verified.record_path(traces, backend)
+    fresh = {} if force else verified.fresh_trials(verified.load_record(rec_path), plans, backend, traces, code)
+    configs = {cfg.name: cfg for cfg, _, _ in plans}
+    out = Verification(backend, fresh=len(fresh))
+    jobs_list = [((cfg.name, arm, seed), (cfg, arm, seed, backend, None))
+                 for cfg, arms, seeds in plans for seed in seeds for arm in arms if (cfg.name, arm, seed) not in fresh]
     out.total = len(jobs_list)
+    if not jobs_list:
+        verified.write_record(rec_path, code, fresh)
+        return out
+    scratch = Path(tempfile.mkdtemp(prefix=".rerun-", dir=traces))
+    jobs_list = [(key, args[:-1] + (str(scratch),)) for key, args in jobs_list]
+    entries: dict = dict(fresh)
     bar = tqdm(total=out.total, desc=f"rerun {_kind(backend)} trials and compare", unit="trial",
                file=progress_file(), disable=not progress, dynamic_ncols=True)
 
     def done(key, _elapsed) -> None:
         name, arm, seed = key
-        fresh, shipped = trial_dir(scratch, backend, name, arm, seed), trial_dir(traces, backend, name, arm, seed)
-        diffs = trial_differences(shipped, fresh) if shipped.is_dir() else None
-        if diffs is None:
-            place_trial(fresh, shipped)
-            out.added += 1
-        elif diffs:
-            place_trial(fresh, shipped)
-            rel = shipped.relative_to(traces).as_posix()
-            out.replaced[rel] = diffs
-            say(f"dlfp: {rel} differs from the fresh run ({', '.join(diffs)}); replaced")
-        else:
-            out.identical += 1
-            shutil.rmtree(fresh, ignore_errors=True)
+        shipped = _compare_and_place(out, scratch, traces, backend, key)
+        entries[key] = {"config": verified.trial_config_sha256(configs[name], arm, seed, backend),
+                        "trace": trial_sha256(shipped)}
         TALLY.trials += 1
         bar.update(1)
 
@@ -100,7 +119,28 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
     finally:
         bar.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        verified.write_record(rec_path, code, entries)
     return out
+
+
+def _compare_and_place(out: Verification, scratch: Path, traces: Path, backend: str, key) -> Path:
+    """Compare the fresh run of ``key`` in ``scratch`` with the shipped trial; keep or replace it (counted in
+    ``out``). Returns the shipped trial's directory."""
+    name, arm, seed = key
+    fresh, shipped = trial_dir(scratch, backend, name, arm, seed), trial_dir(traces, backend, name, arm, seed)
+    diffs = trial_differences(shipped, fresh) if shipped.is_dir() else None
+    if diffs is None:
+        place_trial(fresh, shipped)
+        out.added += 1
+    elif diffs:
+        place_trial(fresh, shipped)
+        rel = shipped.relative_to(traces).as_posix()
+        out.replaced[rel] = diffs
+        say(f"dlfp: {rel} differs from the fresh run ({', '.join(diffs)}); replaced")
+    else:
+        out.identical += 1
+        shutil.rmtree(fresh, ignore_errors=True)
+    return shipped
 
 
 __all__ = ["Verification", "place_trial", "verify_trials"]

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from dlfp.analysis import metrics
-from dlfp.analysis.tables import checks
+from dlfp.analysis.tables import checks, digest_cache
 from dlfp.analysis.tables.trial_frames import guarded_iterations, measured_token_ids
 from dlfp.config import ConfigError, ExperimentConfig, load_experiment
 from dlfp.traces.format import TraceError, Trial, find_trials, load_trial
@@ -139,7 +139,41 @@ def _config_of(trial: Trial) -> ExperimentConfig | None:
         return None
 
 
+def _lookup(path: Path) -> tuple[str | None, bytes | None, dict[str, Any] | None]:
+    """``(key, metadata.json bytes, cached digest or None)`` of a trial (``digest_cache``); no key when a file
+    cannot be read."""
+    try:
+        key, md_bytes = digest_cache.trial_key(path)
+    except OSError:
+        return None, None, None
+    return key, md_bytes, digest_cache.read(key)
+
+
+def _from_cache(path: Path, md_bytes: bytes, cached: dict[str, Any]) -> dict[str, Any]:
+    """A ``_digest`` result from a cached digest and the metadata bytes its key hashed."""
+    backend, experiment, arm, _ = path.parts[-4:]
+    md = digest_cache.metadata_of(md_bytes)
+    trial = digest_cache.LazyTrial(path, md)
+    lt = LoadedTrial(backend, experiment, arm, int(md["seed"]), path, trial, _config_of(trial))
+    return dict(path=path, loaded=lt, **cached)
+
+
 def _digest(path: Path) -> dict[str, Any]:
+    """What every table needs of one trial, from the digest cache (``digest_cache``) or computed and cached.
+
+    Returns ``{path, error}`` for a trial that cannot be used, else ``{path, loaded, summary, itl, tokens,
+    guarded}``; ``loaded.trial`` is a ``digest_cache.LazyTrial`` (frames read on first use).
+    """
+    key, md_bytes, cached = _lookup(path)
+    if cached is not None:
+        return _from_cache(path, md_bytes, cached)
+    d = _compute_digest(path)
+    if key is not None and "error" not in d and d["loaded"].trial.metadata == digest_cache.metadata_of(md_bytes):
+        digest_cache.write(key, d)  # only what was computed from the files the key hashed
+    return d
+
+
+def _compute_digest(path: Path) -> dict[str, Any]:
     """Load one trial and compute what every table needs once: summary (``metrics.summarize``) and ITL samples.
 
     Returns ``{path, error}`` for a trial that cannot be used, else ``{path,
@@ -147,20 +181,21 @@ def _digest(path: Path) -> dict[str, Any]:
     """
     backend, experiment, arm, seed_dir = path.parts[-4:]
     try:
-        trial = load_trial(path)
+        full = load_trial(path)
     except TraceError as e:
         return dict(path=path, error=str(e))
-    md = trial.metadata
+    md = full.metadata
     where = (md.get("backend"), md.get("experiment"), md.get("arm"), f"seed-{md.get('seed')}")
     if where != (backend, experiment, arm, seed_dir):
         return dict(path=path, error=f"metadata names {'/'.join(map(str, where))}, not its directory")
+    trial = digest_cache.LazyTrial(path, md, frames=full)
     lt = LoadedTrial(backend, experiment, arm, int(md["seed"]), path, trial, _config_of(trial))
     try:
-        summary = metrics.summarize(trial, lt.slo)
+        summary = metrics.summarize(full, lt.slo)
     except ValueError as e:
         return dict(path=path, error=f"cannot summarise: {e}")
-    return dict(path=path, loaded=lt, summary=summary, itl=metrics.itl_samples(trial),
-                tokens=measured_token_ids(trial), guarded=guarded_iterations(trial))
+    return dict(path=path, loaded=lt, summary=summary, itl=metrics.itl_samples(full),
+                tokens=measured_token_ids(full), guarded=guarded_iterations(full))
 
 
 def _trial_paths(root: Path, backends: Sequence[str] | None, experiments: Sequence[str] | None) -> list[Path]:
@@ -179,16 +214,29 @@ def _trial_paths(root: Path, backends: Sequence[str] | None, experiments: Sequen
     return paths
 
 
-def _digest_all(paths: list[Path], workers: int) -> list[dict[str, Any]]:
-    """``_digest`` of every path, in ``workers`` spawned processes when more than one."""
-    if workers <= 1:
-        return [_digest(p) for p in paths]
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+def _digest_all(paths: list[Path], workers: int | None) -> list[dict[str, Any]]:
+    """``_digest`` of every path: cached ones here, the rest in ``workers`` spawned processes when more than one
+    (default: up to 4 when ``PARALLEL_MIN_TRIALS`` or more trials are not cached)."""
+    out: dict[Path, dict[str, Any]] = {}
+    todo = []
+    for p in paths:
+        key, md_bytes, cached = _lookup(p)
+        if cached is not None:
+            out[p] = _from_cache(p, md_bytes, cached)
+        else:
+            todo.append(p)
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1) if len(todo) >= PARALLEL_MIN_TRIALS else 1
+    if workers <= 1 or len(todo) <= 1:
+        out.update((p, _digest(p)) for p in todo)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-    # "spawn": a forked child could inherit locked pyarrow/zmq threads from a notebook kernel.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(_digest, paths, chunksize=max(1, len(paths) // (4 * workers))))
+        # "spawn": a forked child could inherit locked pyarrow/zmq threads from a notebook kernel.
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            out.update(zip(todo, pool.map(_digest, todo, chunksize=max(1, len(todo) // (4 * workers)))))
+    return [out[p] for p in paths]
 
 
 def load_traces(root: str | Path, backends: Sequence[str] | None = None,
@@ -205,8 +253,11 @@ def load_traces(root: str | Path, backends: Sequence[str] | None = None,
     ``TraceSet.problems``, the groups they lie in in ``TraceSet.incomplete``
     (their table rows are marked "incomplete") and ``TraceSet.partial`` is set
     (no claim agrees). Each trial's ``metrics.summarize`` and ITL samples are
-    computed here once; ``workers`` > 1 does that in parallel processes
-    (default: up to 4 from ``PARALLEL_MIN_TRIALS`` trials on).
+    computed here once, or read from the digest cache (``digest_cache``: keyed by
+    the trial's bytes and the code, so only a trial that loaded and validated
+    as it is now is served from it); ``workers`` > 1 computes the others in
+    parallel processes (default: up to 4 from ``PARALLEL_MIN_TRIALS`` uncached
+    trials on).
 
     Raises:
         FileNotFoundError: ``root`` is not a directory.
@@ -216,8 +267,6 @@ def load_traces(root: str | Path, backends: Sequence[str] | None = None,
     if not root.is_dir():
         raise FileNotFoundError(f"traces directory {root} does not exist")
     paths = _trial_paths(root, backends, experiments)
-    if workers is None:
-        workers = min(4, os.cpu_count() or 1) if len(paths) >= PARALLEL_MIN_TRIALS else 1
     ts = TraceSet(root=root)
     for d in _digest_all(paths, workers):
         if "error" in d:

@@ -144,6 +144,15 @@ def headline_per_seed(ts: TraceSet) -> pd.DataFrame:
     return ts.cached("per_seed", compute)
 
 
+def _arm_rows(ts: TraceSet) -> dict[tuple[str, str, str], pd.DataFrame]:
+    """``trial_summaries`` rows per (backend, experiment, arm), indexed by seed, in row order (computed once)."""
+    def compute() -> dict[tuple[str, str, str], pd.DataFrame]:
+        s = ts.summary()
+        return {key: g.set_index("seed") for key, g in s.groupby(["backend", "experiment", "arm"], sort=False)}
+
+    return ts.cached("arm_rows", compute)
+
+
 def paired(ts: TraceSet, backend: str, experiment: str, arm: str, column: str) -> stats.PairedChange | None:
     """Paired change of ``column`` (a ``trial_summaries`` column) of ``arm`` vs the baseline, in percent.
 
@@ -154,10 +163,12 @@ def paired(ts: TraceSet, backend: str, experiment: str, arm: str, column: str) -
     workload (``checks.identical_workload_seeds``) the interval is NaN and
     ``note`` is ``IDENTICAL_WORKLOADS``.
     """
-    s = ts.summary()
-    g = s[(s["backend"] == backend) & (s["experiment"] == experiment)]
-    b = g[g["arm"] == ts.baseline_arm(backend, experiment)].set_index("seed")[column]
-    c = g[g["arm"] == arm].set_index("seed")[column]
+    rows = _arm_rows(ts)
+    base_rows, cand_rows = rows.get((backend, experiment, ts.baseline_arm(backend, experiment))), \
+        rows.get((backend, experiment, arm))
+    if base_rows is None or cand_rows is None:
+        return None
+    b, c = base_rows[column], cand_rows[column]
     seeds = sorted(set(b.index) & set(c.index))
     seeds = [sd for sd in seeds if np.isfinite(b[sd]) and np.isfinite(c[sd]) and b[sd] != 0]
     if not seeds:
