@@ -8,6 +8,7 @@ Usage::
     dlfp run-all [--backend B] [--experiments E ...] [--seeds S ...] [--force] [--quick] [--traces DIR]
                  [--results DIR] [--set KEY=VALUE ...] [--frontier | --no-frontier] [--no-figures]
     dlfp figures [--traces DIR] [--out DIR] [--published CSV] [--allow-partial] [--force]
+    dlfp map [MAP ...] [--executor local|dask://HOST:PORT] [--render-only] ...   (`dlfp map -h`)
     dlfp calibrate ...      (dlfp.studies.calibration.main_calibrate; `dlfp calibrate -h`)
     dlfp validate-sim ...   (dlfp.studies.validation.main_validate; `dlfp validate-sim -h`)
     dlfp sensitivity [--experiments E ...] [--out DIR] [--seeds S ...] [--arms A ...] [--host-scales K ...]
@@ -309,6 +310,8 @@ _delegate("calibrate", "fit the CPU hardware profile from a profiling run of the
           "studies.calibration", "main_calibrate")
 _delegate("validate-sim", "compare the simulator with real-engine traces and report its error",
           "studies.validation", "main_validate")
+_delegate("map", "sweep prompt scale x rate x token budget x prompt source per paper configuration on the simulator "
+          "and render where each claim holds", "studies.map.cli", "main_map")
 _delegate("export", "export a trial as JSON in another tool's format (vllm bench serve --save-result)",
           "analysis.export", "main_export")
 

@@ -19,7 +19,8 @@ from dlfp.studies.map.grid import MAPS, MapError, get_map, quick_spec
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlfp map", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="dlfp map", description="Run (or resume) the workload maps on the simulator, "
+                                "then render them (heat maps, where each claim holds, the anchor inference).")
     p.add_argument("maps", nargs="*", metavar="MAP", help=f"maps to run (default all: {', '.join(MAPS)})")
     p.add_argument("--out", default=None, help="output directory (default data/results/map)")
     p.add_argument("--executor", default="local",
