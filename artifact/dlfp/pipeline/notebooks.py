@@ -200,10 +200,12 @@ def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path
 
 def _figures_inputs(traces: Path, results: Path, published: Path) -> dict[str, str]:
     """What ``figures.ipynb`` reads, as digests: its source, the traces, the published numbers, the outputs of
-    ``dlfp validate-sim`` and ``dlfp calibrate`` (``<results>/fidelity``, ``<results>/calibration``)."""
+    ``dlfp validate-sim``, ``dlfp calibrate`` and ``dlfp map`` (``<results>/fidelity``, ``<results>/calibration``,
+    ``<results>/map``)."""
     return {"notebooks/figures.ipynb": stamps.file_digest(notebooks_dir() / "figures.ipynb"),
             "published_csv": stamps.file_digest(published), "fidelity": stamps.folder_digest(results / "fidelity"),
-            "calibration": stamps.folder_digest(results / "calibration"), **stamps.traces_digests(traces)}
+            "calibration": stamps.folder_digest(results / "calibration"),
+            "map": stamps.folder_digest(results / "map"), **stamps.traces_digests(traces)}
 
 
 def render_figures_checked(traces_dir: str | Path | None = None, results_dir: str | Path | None = None,

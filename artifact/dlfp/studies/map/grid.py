@@ -121,7 +121,8 @@ class MapSpec:
 
 MAPS: dict[str, MapSpec] = {m.name: m for m in (
     MapSpec("qwen3-0.6b-tp1", "qwen3-0.6b-tp1", RATES_SMALL, (2048, 8192, 16384), (1.0,)),
-    MapSpec("qwen3-0.6b-tp2", "qwen3-0.6b-tp2", RATES_SMALL, (2048, 8192, 16384), (1.0,)),
+    # TP2 without the 2,048 budget (time): on the TP1 map DLFP's cap hardly binds there (|change| <= 9 %)
+    MapSpec("qwen3-0.6b-tp2", "qwen3-0.6b-tp2", RATES_SMALL, (8192, 16384), (1.0,)),
     MapSpec("qwen3-8b", "qwen3-8b-r0.10", RATES_LARGE, (2048, 8192, 16384), (0.1, 0.25)),
     MapSpec("qwen3-32b-tp2", "qwen3-32b-tp2", RATES_LARGE, (2048, 8192), (0.1,)),
     MapSpec("qwen3-32b-tp2-sync", "qwen3-32b-tp2-completion-sync", RATES_LARGE, (2048, 8192), (0.1,)),
