@@ -132,8 +132,9 @@ def scale() -> None:
         print(f"   rate {rate:4.1f} req/s: mean decodes/iteration {d:6.1f}  {len(it):6d} iterations  "
               f"{us:5.1f} us/iteration")
     b = _slope([d for d, _ in pts], [u for _, u in pts])
-    print(f"   growth: us per iteration ~ {pts[0][1] - b * pts[0][0]:.1f} + {b:.3f} x decodes "
-          f"(linear in the running batch: the scheduler visits every running request each iteration)")
+    print(f"   growth: us per iteration ~ {pts[0][1] - b * pts[0][0]:.1f} + {b:.3f} x decodes (least squares; the "
+          f"scheduler visits every running request each iteration; at high rates few iterations carry the fixed "
+          f"per-trial cost of building the trace frames, about 25 ms)")
 
 
 def main(argv: list[str] | None = None) -> None:

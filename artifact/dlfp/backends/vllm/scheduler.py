@@ -83,8 +83,8 @@ With a ``log_path`` the engine-core process appends JSON lines: one
 ``{"event": "iteration", ...}`` per non-empty iteration with the keys of
 ``dlfp.traces.format.ITERATION_COLUMNS`` (times are ``time.monotonic()`` seconds,
 CLOCK_MONOTONIC, the same clock in every process of the machine), and
-``{"event": "end"}`` at shutdown. Rows are buffered and written from
-``update_from_output`` (never from ``schedule()``), when the engine goes idle
+``{"event": "end"}`` at shutdown. Rows are buffered, then JSON-encoded together and written from
+``update_from_output`` (never from ``schedule()``) every 64 rows, when the engine goes idle
 and at shutdown. Read it back with :func:`read_log`.
 """
 from __future__ import annotations
@@ -94,6 +94,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -178,6 +179,7 @@ def is_prefilling(request) -> bool:
 
 
 _NAN = float("nan")
+_IS_PREFILL_CHUNK = attrgetter("is_prefill_chunk")  # vLLM's flag for a running request still mid-prompt
 
 
 class DLFPSchedulerMixin:
@@ -197,22 +199,21 @@ class DLFPSchedulerMixin:
         self._dlfp_model_split = bool(self.need_mamba_block_aligned_split)
         self._dlfp_left: int | None = None  # prefill allowance left in the step being scheduled
         self._dlfp_iteration = 0
-        self._dlfp_prev: dict | None = None  # last non-empty iteration, awaiting its host interval
-        self._dlfp_inflight: dict[int, dict] = {}  # id(SchedulerOutput) -> row, awaiting device completion
+        # a scheduled iteration is a record [row or None, SchedulerOutput, partial, t0, t1, cap, decoding, index]
+        self._dlfp_prev: list | None = None  # last non-empty iteration, awaiting its host interval
+        self._dlfp_inflight: dict[int, list] = {}  # id(SchedulerOutput) -> record, awaiting device completion
         self._dlfp_last_end = -math.inf
-        self._dlfp_rows: list[str] = []
+        self._dlfp_rows: list[dict] = []  # completed rows, encoded and written by the next flush
         self._dlfp_file = None
         if settings.log_path:
             os.makedirs(os.path.dirname(os.path.abspath(settings.log_path)), exist_ok=True)
             self._dlfp_file = open(settings.log_path, "a", encoding="utf-8")
-            header = {
-                "event": "start", "pid": os.getpid(), "scheduler": type(self).__name__,
-                "policy": self.dlfp_policy.params(), "settings_source": settings.source,
-                "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
-                "max_num_running_reqs": self.max_num_running_reqs,
-                "async_scheduling": bool(self.scheduler_config.async_scheduling),
-                "clock": "time.monotonic", "time_s": time.monotonic(),
-            }
+            header = {"event": "start", "pid": os.getpid(), "scheduler": type(self).__name__,
+                      "policy": self.dlfp_policy.params(), "settings_source": settings.source,
+                      "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+                      "max_num_running_reqs": self.max_num_running_reqs,
+                      "async_scheduling": bool(self.scheduler_config.async_scheduling),
+                      "clock": "time.monotonic", "time_s": time.monotonic()}
             self._dlfp_file.write(json.dumps(header) + "\n")
             self._dlfp_file.flush()
 
@@ -238,14 +239,15 @@ class DLFPSchedulerMixin:
         prev = self._dlfp_prev
         if prev is not None:  # host_cadence of the previous iteration is known now
             self._dlfp_prev = None
-            prev["host_interval_s"] = t0 - prev["schedule_s"]
+            row = prev[0] or self._dlfp_row(prev)  # counted already, unless its output is still due
+            row["host_interval_s"] = t0 - row["schedule_s"]
             if self._dlfp_host:
-                self._dlfp_observe(prev, t0)
-            self._dlfp_done(prev)
+                self._dlfp_observe(row, t0)
+            self._dlfp_done(row)
         # Running requests still in their prompt: vLLM's own flag, set for every scheduled request in
         # _update_after_schedule (num_computed_tokens < num_tokens + placeholders). Preempted requests
         # wait in self.waiting and are prefills again when resumed.
-        partial = [r for r in self.running if r.is_prefill_chunk]
+        partial = list(filter(_IS_PREFILL_CHUNK, self.running))
         num_decoding = len(self.running) - len(partial)
         # the oldest request without a first token (waiting, or running mid-prompt): its wait so far (s)
         # and its prompt tokens still to prefill, for policies with a TTFT guard (DLFP-S)
@@ -270,7 +272,18 @@ class DLFPSchedulerMixin:
                 self._dlfp_left = None
                 self.need_mamba_block_aligned_split = self._dlfp_model_split
         t1 = time.monotonic()
-        if out.total_num_scheduled_tokens > 0:
+        if out.total_num_scheduled_tokens > 0:  # its row is counted later, see _dlfp_row
+            rec = [None, out, partial, t0, t1, cap, num_decoding, self._dlfp_iteration]
+            self._dlfp_iteration += 1
+            self._dlfp_prev = rec
+            self._dlfp_inflight[id(out)] = rec
+        return out
+
+    def _dlfp_row(self, rec: list) -> dict:
+        """The row of an iteration's record, counted from its ``SchedulerOutput`` at first use: its output
+        (or the next ``schedule()``, if first), not the ``schedule()`` that made it (vLLM changes no counts later)."""
+        if rec[0] is None:
+            _, out, partial, t0, t1, cap, num_decoding, iteration = rec
             # prefills of this step: new and resumed requests, and running requests that were mid-prompt
             nst = out.num_scheduled_tokens
             prefill_tokens = num_prefills = 0
@@ -287,23 +300,21 @@ class DLFPSchedulerMixin:
                     prefill_tokens += n
                     num_prefills += 1
             num_decodes = len(nst) - num_prefills
-            row = {
-                "iteration": self._dlfp_iteration, "schedule_s": t0, "prefill_tokens": prefill_tokens,
-                "num_prefills": num_prefills, "num_decodes": num_decodes, "cap": cap, "cap_after": None,
+            rec[:3] = [{
+                "iteration": iteration, "schedule_s": t0, "prefill_tokens": prefill_tokens,
+                "num_prefills": num_prefills, "num_decodes": num_decodes, "cap": cap, "cap_after": cap,
                 "guarded": False, "signal": self._dlfp_signal, "observed_interval_s": _NAN,
                 "host_interval_s": None, "device_time_s": None, "issue_s": t1,
                 "device_start_s": _NAN, "device_end_s": _NAN, "energy_j": _NAN,
                 "num_decoding_running": num_decoding, "_pending": 2,
-            }
-            self._dlfp_iteration += 1
-            self._dlfp_prev = row
-            self._dlfp_inflight[id(out)] = row
-        return out
+            }, None, None]  # cap_after stays the cap unless observed; keys in log order, "event" added last
+        return rec[0]
 
     # -- device completion --------------------------------------------------------------------
     def update_from_output(self, scheduler_output, model_runner_output):
         t = time.monotonic()
-        row = self._dlfp_inflight.pop(id(scheduler_output), None)
+        rec = self._dlfp_inflight.pop(id(scheduler_output), None)
+        row = None if rec is None else self._dlfp_row(rec)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if row is not None:
             row["device_end_s"] = t
@@ -317,39 +328,34 @@ class DLFPSchedulerMixin:
         return outputs
 
     def _dlfp_observe(self, row: dict, now: float) -> None:
-        obs = Observation(
-            iteration=row["iteration"], time_s=now, prefill_tokens=row["prefill_tokens"],
-            num_decodes=row["num_decodes"], cap=row["cap"],
-            host_interval_s=row["host_interval_s"], device_time_s=row["device_time_s"],
-        )
+        obs = Observation(iteration=row["iteration"], time_s=now, prefill_tokens=row["prefill_tokens"],
+                          num_decodes=row["num_decodes"], cap=row["cap"],
+                          host_interval_s=row["host_interval_s"], device_time_s=row["device_time_s"])
         self.dlfp_policy.observe(obs)
-        iv = obs.interval(self._dlfp_signal)
+        iv = row["host_interval_s" if self._dlfp_host else "device_time_s"]  # = obs.interval(signal)
         row["observed_interval_s"] = _NAN if iv is None else float(iv)
         row["guarded"] = obs.guarded
         decisions = self.dlfp_policy.decisions
         row["cap_after"] = decisions[-1].cap_after if decisions else row["cap"]
         if len(decisions) > 1024:  # the log file keeps the history; bound memory in long-running servers
             del decisions[:-1]
-        row["_observed"] = True
 
     def _dlfp_done(self, row: dict) -> None:
-        """One of the two events of a row (next call, completion) happened; queue it when both have."""
+        """One of the two events of a row (next call, completion) happened; queue it, unencoded, when both have."""
         row["_pending"] -= 1
         if row["_pending"] == 0 and self._dlfp_file is not None:
-            out = {k: v for k, v in row.items() if not k.startswith("_")}
-            if not row.get("_observed"):
-                out["cap_after"] = row["cap"]
-            out["event"] = "iteration"
+            del row["_pending"]
+            row["event"] = "iteration"
             for k in ("host_interval_s", "device_time_s"):
-                if out[k] is None:
-                    out[k] = _NAN
-            self._dlfp_rows.append(json.dumps(out))
+                if row[k] is None:
+                    row[k] = _NAN
+            self._dlfp_rows.append(row)
 
     def _dlfp_flush(self) -> None:
         # Take the rows first: a shutdown that interrupts the write must not leave them to be written twice.
         rows, self._dlfp_rows = self._dlfp_rows, []
-        if self._dlfp_file is not None and rows:
-            self._dlfp_file.write("\n".join(rows) + "\n")
+        if self._dlfp_file is not None and rows:  # encoded in one go: a row encoded alone costs a few times more
+            self._dlfp_file.write("\n".join(map(json.dumps, rows)) + "\n")
             self._dlfp_file.flush()
 
     def shutdown(self) -> None:
@@ -357,10 +363,8 @@ class DLFPSchedulerMixin:
         try:
             if self._dlfp_file is not None:
                 prev, self._dlfp_prev = self._dlfp_prev, None
-                if prev is not None:
-                    prev["_pending"] = 1
-                    self._dlfp_done(prev)
-                for row in self._dlfp_inflight.values():
+                for rec in ([prev] if prev is not None else []) + list(self._dlfp_inflight.values()):
+                    row = self._dlfp_row(rec)
                     row["_pending"] = 1
                     self._dlfp_done(row)
                 self._dlfp_inflight.clear()
