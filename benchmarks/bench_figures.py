@@ -29,14 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import REPO, cached_runs, report_target, scratch_copy
+
 TARGET_S = 15.0  # the artifact's time budget: `make figures` from cache in at most 15 s
-REPO = Path(__file__).resolve().parents[1]
-COPIED = ("notebooks", "data/traces", "data/paper", "data/results")
-
-
-def report_target(measure: str, value: str, target: str, met: bool) -> None:
-    """One line in the form ``benchmarks/targets.py`` collects: ``target | measure | value | target | met``."""
-    print(f"target | {measure} | {value} | {target} | {'met' if met else 'missed'}")
 
 
 def _trial_count(traces: Path) -> int:
@@ -47,15 +42,6 @@ def _trial_count(traces: Path) -> int:
 
 def _du_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1e6
-
-
-def scratch_copy(dest: Path) -> Path:
-    """Copy what ``dlfp figures`` reads and writes into ``dest`` (a repository root for ``$DLFP_ROOT``)."""
-    for rel in COPIED:
-        if (REPO / rel).is_dir():
-            shutil.copytree(REPO / rel, dest / rel, ignore=shutil.ignore_patterns("*.failed.ipynb", ".*.tmp*"))
-    shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
-    return dest
 
 
 def timed_figures(exe: str, root: Path, *extra: str) -> tuple[float, int, str]:
@@ -114,18 +100,10 @@ def main() -> int:
     print(f"traces: {traces} ({_trial_count(traces)} trials, {_du_mb(traces):.1f} MB); cores: {os.cpu_count()}; "
           f"load average: {os.getloadavg()[0]:.2f}")
     try:
-        dt, rc, last = timed_figures(exe, root)
-        print(f"first run: dlfp figures {dt:.1f} s (renders when the copied outputs are not fresh)\n    {last}")
+        rc, times = cached_runs(lambda: timed_figures(exe, root), args.repeat, "dlfp figures",
+                                "renders when the copied outputs are not fresh")
         if rc != 0:
             return rc
-        times = []
-        for i in range(max(1, args.repeat)):
-            dt, rc, last = timed_figures(exe, root)
-            if rc != 0:
-                print(last, file=sys.stderr)
-                return rc
-            times.append(dt)
-            print(f"cached run {i + 1}: dlfp figures {dt:.1f} s\n    {last}")
         best = min(times)
         print(f"dlfp figures from cache: best {best:.1f} s of {len(times)} (target <= {TARGET_S:.0f} s: "
               f"{'met' if best <= TARGET_S else 'NOT met'}); load average {os.getloadavg()[0]:.2f}")

@@ -26,24 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import REPO, cached_runs, report_target, scratch_copy
+
 TARGET_S = 30.0  # `make run-all` with every trial cached and fresh in at most 30 s
-REPO = Path(__file__).resolve().parents[1]
-COPIED = ("notebooks", "data/traces", "data/paper", "data/results")
-
-
-def report_target(measure: str, value: str, target: str, met: bool) -> None:
-    """One line in the form ``benchmarks/targets.py`` collects: ``target | measure | value | target | met``."""
-    print(f"target | {measure} | {value} | {target} | {'met' if met else 'missed'}")
-
-
-def scratch_copy(dest: Path) -> Path:
-    """Copy what ``run-all`` reads and writes into ``dest`` (a repository root for ``$DLFP_ROOT``)."""
-    for rel in COPIED:
-        src = REPO / rel
-        if src.is_dir():
-            shutil.copytree(src, dest / rel, ignore=shutil.ignore_patterns("*.failed.ipynb", ".*.tmp*"))
-    shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
-    return dest
 
 
 def timed_run(exe: str, root: Path | None) -> tuple[float, int, str]:
@@ -74,18 +59,10 @@ def main() -> int:
     print(f"run-all in {'the checkout' if root is None else root}; cores: {os.cpu_count()}; "
           f"load average: {os.getloadavg()[0]:.2f}")
     try:
-        dt, rc, last = timed_run(exe, root)
-        print(f"first run: {dt:.1f} s (reruns and renders what is not fresh)\n    {last}")
+        rc, times = cached_runs(lambda: timed_run(exe, root), args.repeat, "dlfp run-all",
+                                "reruns and renders what is not fresh")
         if rc != 0:
             return rc
-        times = []
-        for i in range(max(1, args.repeat)):
-            dt, rc, last = timed_run(exe, root)
-            if rc != 0:
-                print(last, file=sys.stderr)
-                return rc
-            times.append(dt)
-            print(f"cached run {i + 1}: {dt:.1f} s\n    {last}")
         best = min(times)
         print(f"dlfp run-all, every trial cached and fresh: best {best:.1f} s of {len(times)} (target <= "
               f"{TARGET_S:.0f} s: {'met' if best <= TARGET_S else 'NOT met'}); load average "

@@ -26,15 +26,12 @@ import statistics
 import sys
 import time
 
+from common import report_target
+
 TARGET_TRIAL_S = 0.05
 TARGET_ITER_US = 6.0
 SCALE_REQUESTS = (100, 1_000, 10_000)
 SCALE_RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
-
-
-def report_target(measure: str, value: str, target: str, met: bool) -> None:
-    """One line in the form ``benchmarks/targets.py`` collects: ``target | measure | value | target | met``."""
-    print(f"target | {measure} | {value} | {target} | {'met' if met else 'missed'}")
 
 
 def pin_one_core() -> str:
