@@ -266,3 +266,184 @@ def test_real_engine_grid_logs_exact_counts(tmp_path):
     assert sum(d["pairs"]) == 342.0
     # tokens: 2 requests x 3 output tokens, plus the 4 of the engine warm-up request ("cal-warmup", 64 x 4)
     assert d["n_tok"] == 6 + 4 and d["ingest"] == 1
+
+
+def test_runner_parts_wraps_methods_and_records_each_step():
+    """The timed wrapper records every part once per call, keeps return values, and is idempotent."""
+    from dlfp.studies.calibration import runner_parts as rp
+
+    class FakeRunner:
+        def execute_model(self, x):
+            self._update_states(x)
+            self._prepare_inputs(x)
+            return self._model_forward(x) + 1
+
+        def _update_states(self, x):
+            return None
+
+        def _prepare_inputs(self, x):
+            return None
+
+        def _model_forward(self, x):
+            return x * 2
+
+        def sample_tokens(self, g):
+            return self._sample(g), self._bookkeeping_sync(g)
+
+        def _sample(self, g):
+            return "s"
+
+        def _bookkeeping_sync(self, g):
+            return "b"
+
+    assert rp.install(FakeRunner) == [m for m, _ in rp.TIMED]
+    assert rp.install(FakeRunner) == []  # idempotent: nothing wrapped twice
+    rp.take()
+    r = FakeRunner()
+    assert r.execute_model(3) == 7 and r.sample_tokens(None) == ("s", "b")
+    rec = rp.take()
+    assert {f"{p}_s" for _, p in rp.TIMED} <= set(rec)
+    assert all(rec[f"{p}_s"] >= 0 for _, p in rp.TIMED)
+    # nested parts lie inside their caller: the forward pass is part of execute_model
+    assert rec["model_forward_s"] <= rec["execute_model_s"]
+    assert rec["execute_model_start_s"] <= rec["execute_model_end_s"] <= rec["sample_tokens_start_s"]
+    assert rp.take() == {}  # cleared
+
+
+def test_steps_from_log_names_the_parts_of_a_step():
+    """Hand-worked timestamps of one step: each named part is the difference the docstring states."""
+    row = {"step": 0, "schedule_start_s": 10.000, "schedule_end_s": 10.001, "num_prefills": 0, "num_decodes": 2,
+           "tokens": 2, "sampled": 2, "attn_pairs": 40.0, "kv_tokens": 38.0, "num_running": 2, "num_scheduled": 2,
+           "sampled_ids": ["a", "b"], "busy_after": True,
+           "execute_model_start_s": 10.0012, "execute_model_end_s": 10.0412, "execute_model_s": 0.0400,
+           "update_states_s": 0.0003, "prepare_inputs_s": 0.0007, "model_forward_s": 0.0350,
+           "sample_tokens_start_s": 10.0413, "sample_tokens_end_s": 10.0443, "sample_tokens_s": 0.0030,
+           "sample_s": 0.0020, "update_start_s": 10.0445, "update_end_s": 10.0448}
+    nxt = dict(row, step=1, schedule_start_s=10.0450, schedule_end_s=10.0452, busy_after=False,
+               update_start_s=10.1, update_end_s=10.1001)
+    st = cal.steps_from_log([row, nxt])
+    r = st.iloc[0]
+    assert r["prep_s"] == pytest.approx(0.0002 + 0.0003 + 0.0007)
+    assert r["forward_s"] == pytest.approx(0.0350)
+    assert r["logits_s"] == pytest.approx(0.0400 - 0.0003 - 0.0007 - 0.0350)
+    assert r["sample_s"] == pytest.approx(0.0020)
+    assert r["device_s"] == pytest.approx(0.0350 + 0.0040 + 0.0020)
+    assert r["bookkeeping_s"] == pytest.approx(0.0010 + 0.0001 + 0.0002)
+    assert r["update_s"] == pytest.approx(0.0003)
+    assert r["loop_s"] == pytest.approx(0.0002)
+    # the parts add up to the whole step from schedule()'s end to the next schedule()
+    whole = r["prep_s"] + r["device_s"] + r["bookkeeping_s"] + r["update_s"] + r["loop_s"]
+    assert whole == pytest.approx(10.0450 - 10.001)
+    assert math.isnan(st.iloc[1]["loop_s"])  # idle after the last step
+
+
+def test_fit_host_fits_each_term_to_its_own_part():
+    rng = np.random.default_rng(5)
+    n = 200
+    sched = rng.integers(1, 40, n)
+    tokens = sched + rng.integers(0, 2000, n)
+    steps = pd.DataFrame({"num_running": sched, "num_scheduled": sched, "tokens": tokens,
+                          "schedule_cost_s": 100e-6 + 5e-6 * 2 * sched, "update_cost_s": 1e-3,
+                          "prep_s": 300e-6 + 4e-6 * sched + 0.1e-6 * tokens,
+                          "bookkeeping_s": 500e-6 + 2e-6 * sched, "update_s": 200e-6 + 7e-6 * sched,
+                          "loop_s": np.where(np.arange(n) % 2 == 0, 250e-6, 270e-6)})
+    host = cal.fit_host(steps)
+    want = {"prep_base_s": 300e-6, "prep_per_req_s": 4e-6, "prep_per_token_s": 0.1e-6, "bookkeeping_base_s": 500e-6,
+            "bookkeeping_per_req_s": 2e-6, "update_base_s": 200e-6, "update_per_req_s": 7e-6,
+            "engine_loop_s": 260e-6}
+    for k, v in want.items():
+        assert host[k] == pytest.approx(v, rel=1e-6), k
+
+
+def test_calibrate_holds_out_step_shapes_not_repeats():
+    """With held-out phases in the grid, the fit never sees their steps, whatever the repeat."""
+    from dlfp.studies.calibration.profile import held_out_mask, phase_table
+
+    steps = pd.DataFrame({"phase": [0, 0, 1, 1, 0, 1], "repeat": [0, 0, 0, 0, 1, 1],
+                          "kind": ["decode"] * 6, "device_s": [1.0, 1.0, 2.0, 2.0, 3.0, 4.0]})
+    grid = {"phases": [{"kind": "decode", "batch": 1, "prompt": 16, "held_out": False},
+                       {"kind": "decode", "batch": 2, "prompt": 16, "held_out": True}]}
+    assert held_out_mask(steps, grid).tolist() == [False, False, True, True, False, True]
+    # an older grid (no flags) or an explicit repeat split holds out the other repeats
+    assert held_out_mask(steps, {"phases": [{"kind": "decode"}] * 2}).tolist() == [False] * 4 + [True] * 2
+    pt = phase_table(steps, grid).set_index("phase")
+    # per-repeat medians: phase 0 -> 1.0, 3.0 (mean 2, sd sqrt 2); 95 % t interval with 1 degree of freedom
+    h = 12.7062047 * math.sqrt(2) / math.sqrt(2)
+    assert pt.loc[0, "mean_s"] == pytest.approx(2.0)
+    assert pt.loc[0, "ci_high_s"] - pt.loc[0, "mean_s"] == pytest.approx(h, rel=1e-6)
+    assert bool(pt.loc[1, "held_out"]) and pt.loc[1, "mean_s"] == pytest.approx(3.0)
+
+
+def test_quiet_monitor_judges_the_samples():
+    """Verdicts from hand-made samples: a rise of other processes' load > 0.3, a frequency change > 2 %."""
+    from dlfp.studies.calibration import quiet as q
+
+    def report():
+        return q.QuietReport(cores=2, load_start=(0.2, 0.2, 0.2))
+
+    calm = q.summarize_samples(report(), [(0.05, 0.05), (0.1, 0.10), (0.05, 0.12)], [2445.0] * 3, [0.2, 1.1, 1.6],
+                               {(7, "kworker"): 0.3})
+    assert calm.verdict == "quiet" and calm.foreign_max == pytest.approx(0.12) and calm.load1_max == 1.6
+    assert calm.foreign_mean == pytest.approx(0.2 / 3) and calm.foreign_top == [["kworker", 0.3]]
+    busy = q.summarize_samples(report(), [(0.05, 0.05), (1.0, 0.40)], [2445.0] * 2, [], {})
+    assert busy.verdict == "provisional" and "rose by 0.35" in busy.reasons[0]
+    freq = q.summarize_samples(report(), [(0.0, 0.0)], [2400.0, 2500.0], [], {})
+    assert freq.verdict == "provisional" and "MHz" in freq.reasons[0]
+
+
+def test_quiet_monitor_counts_only_other_processes():
+    """The process tree of a pid is the pid and its descendants, from the parent pids."""
+    from dlfp.studies.calibration import quiet as q
+
+    procs = {1: (0, "init", 0.0), 10: (1, "me", 1.0), 11: (10, "engine", 5.0), 12: (11, "compile", 1.0),
+             20: (1, "other", 9.0)}
+    assert q.tree_of(10, procs) == {10, 11, 12}
+    here = q.process_cpu_seconds()
+    import os
+
+    assert os.getpid() in here and here[os.getpid()][2] >= 0  # our own stat line parses
+
+
+def test_quiet_monitor_refuses_a_loaded_machine(monkeypatch):
+    from dlfp.studies.calibration import quiet as q
+
+    monkeypatch.setattr(q, "read_loadavg", lambda: (300.0, 300.0, 300.0))  # above 0.5 per core anywhere
+    mon = q.QuietMonitor(start_wait_s=0)
+    with pytest.raises(q.MachineBusy, match=r"1-minute load 300.00 > "):
+        mon.check_start()
+    allowed = q.QuietMonitor(start_wait_s=0, allow_loaded=True).check_start()
+    assert allowed.verdict == "provisional" and "300.00" in allowed.reasons[0]
+
+
+def test_fit_device_parts_recovers_each_part_and_the_lm_head_table():
+    """Forward, LM head and sampler fitted to their own parts; the table keeps a non-monotonic head exactly."""
+    from dlfp.devices.roofline import FittedCosts
+
+    rng = np.random.default_rng(6)
+    head = {1: 0.011, 2: 0.025, 3: 0.035, 4: 0.024, 8: 0.025}  # ms-scale, 3 rows slower than 4 (as measured)
+    rows = []
+    for _ in range(200):
+        n = int(rng.choice(list(head)))
+        ctx = int(rng.integers(16, 2000))
+        if rng.random() < 0.5:  # n decodes at context ctx
+            tokens, pairs, kv = n, n * (ctx + 1.0), n * float(ctx)
+        else:  # a prefill chunk of c tokens after ctx, beside n - 1 decodes at context 100
+            c = int(rng.integers(16, 2048))
+            tokens = c + n - 1
+            pairs, kv = c * ctx + c * (c + 1) / 2 + (n - 1) * 101.0, ctx + (n - 1) * 100.0
+        fwd = 0.010 + 0.0005 * tokens + 2e-8 * pairs + 1e-6 * kv
+        samp = 0.001 + 0.0002 * n
+        rows.append({"tokens": tokens, "num_scheduled": n, "attn_pairs": pairs, "kv_tokens": kv, "forward_s": fwd,
+                     "logits_s": head[n], "sample_s": samp, "device_s": fwd + head[n] + samp})
+    st = pd.DataFrame(rows)
+    fit = cal.fit_device_parts(st)
+    c = fit.coef
+    assert c["step_s"] == pytest.approx(0.011, rel=1e-6) and c["per_token_s"] == pytest.approx(0.0005, rel=1e-5)
+    assert c["per_sampled_s"] == pytest.approx(0.0002, rel=1e-5)
+    assert c["lm_head_rows"] == [1, 2, 3, 4, 8] and c["lm_head_s"] == pytest.approx([head[k] for k in (1, 2, 3, 4, 8)])
+    assert fit.stats["max_abs"] < 1e-6
+    fc = FittedCosts(**c)
+    assert fc.lm_head(6) == pytest.approx(0.0245)  # halfway between 4 and 8 rows
+    assert fc.lm_head(12) == pytest.approx(0.025 + (0.025 - 0.024) * 4 / 4)  # beyond: the last slope
+    with pytest.raises(Exception, match="fitted.lm_head_rows"):
+        FittedCosts(**{**c, "lm_head_rows": [1, 1, 3, 4, 8]})

@@ -16,7 +16,7 @@ import pytest
 
 from dlfp import pipeline
 from dlfp.traces.format import Trial, find_trials, load_trial, trial_dir, write_trial
-from dlfp.studies.validation import error_table
+from dlfp.studies.validation_audit import audit_errors
 from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
 
 NOTEBOOKS = ("experiment", "figures", "controller")
@@ -80,7 +80,7 @@ def test_figures_notebook_from_cached_traces(tmp_path):
             for p in find_trials(traces, backend="sim", experiment=EXP)}
     twin = {k: load_trial(trial_dir(traces, "emu", EXP, *k)) for k in real}
     (results / "fidelity").mkdir(parents=True)
-    error_table(real, twin).to_csv(results / "fidelity" / "errors.csv", index=False)
+    audit_errors(EXP, real, twin, {}).to_csv(results / "fidelity" / "audit_errors.csv", index=False)
     missing_pub = tmp_path / "no-published.csv"  # a missing published.csv is said in the table's place
     before = sorted(p.relative_to(results) for p in results.rglob("*"))
     with pytest.raises(pipeline.PipelineError, match="qwen3-8b-r0.10/dlfp/seed-803"):
@@ -88,7 +88,7 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     assert sorted(p.relative_to(results) for p in results.rglob("*")) == before  # and nothing was written
     partial = tmp_path / "results-partial"  # an explicit partial render goes beside it
     (partial / "fidelity").mkdir(parents=True)
-    (partial / "fidelity" / "errors.csv").write_bytes((results / "fidelity" / "errors.csv").read_bytes())
+    (partial / "fidelity" / "audit_errors.csv").write_bytes((results / "fidelity" / "audit_errors.csv").read_bytes())
     results = partial
     nb = pipeline.render_figures(traces, tmp_path / "results", published_csv=missing_pub, allow_partial=True)
     assert nb == results / "figures.ipynb" and _errors(nb) == []

@@ -402,27 +402,31 @@ def test_dlfps_tables_without_the_arm_say_so(ts, tmp_path):
 
 
 def test_fidelity_tables_read_validate_sims_output(ts, tmp_path):
-    from dlfp.studies.validation import dlfp_effect, error_table
+    from dlfp.studies.validation_audit import audit_effects, audit_errors
 
     assert tables.fidelity_errors(tmp_path) is None and tables.fidelity_effect(tmp_path) is None
     assert tables.write_fidelity(tmp_path, tmp_path / "out") == (None, None)
     real = {(lt.arm, lt.seed): lt.trial for lt in ts.select("sim", EXP)}
     sim = {k: _emu_twin(t, 0.030) for k, t in real.items()}  # spike + 30 ms
-    error_table(real, sim).to_csv(tmp_path / "errors.csv", index=False)  # as `dlfp validate-sim` writes them
-    dlfp_effect(real, sim).to_csv(tmp_path / "dlfp_effect.csv", index=False)
+    # as `dlfp validate-sim` writes them (noise of P99 ITL 5 %, effect noise unknown)
+    audit_errors(EXP, real, sim, {"itl_p99": 0.05}).to_csv(tmp_path / "audit_errors.csv", index=False)
+    audit_effects(EXP, real, sim, {}).to_csv(tmp_path / "effects.csv", index=False)
     err, eff = tables.write_fidelity(tmp_path, tmp_path / "out")
     r = err[(err["arm"] == "baseline") & (err["metric"] == "itl_p99")].iloc[0]
     real_ms = np.mean([1000 * spike_s("baseline", s) for s in SEEDS])
     assert r["real_ms"] == pytest.approx(real_ms) and r["sim_ms"] == pytest.approx(real_ms + 30)
     assert r["error_pct"] == pytest.approx(100 * 30 / real_ms) and r["target_pct"] == 20 and r["met"]  # 13.6 %
+    assert r["noise_pct"] == pytest.approx(5.0) and r["experiment"] == EXP
     r = err[(err["arm"] == "dlfp") & (err["metric"] == "itl_p99")].iloc[0]
     assert r["error_pct"] == pytest.approx(100 * 30 / 110) and not r["met"]  # 27.3 % > 20 %
     r = err[(err["arm"] == "dlfp") & (err["metric"] == "itl_p50")].iloc[0]
     assert r["error_pct"] == pytest.approx(0.0) and r["met"]
     assert len(err) == 2 * 5
-    m = eff[eff["seed"] == "801"].iloc[0]
-    assert m["real_change_pct"] == pytest.approx(-50.0) and bool(m["same_sign"])
-    assert m["sim_change_pct"] == pytest.approx(100 * (0.105 + 0.030) / (0.210 + 0.030) - 100)
+    m = eff[(eff["seed"] == "801") & (eff["metric"] == "itl_p99")].iloc[0]
+    assert m["real_change_pct"] == pytest.approx(-50.0)
+    sim_change = 100 * (0.105 + 0.030) / (0.210 + 0.030) - 100
+    assert m["sim_change_pct"] == pytest.approx(sim_change)
+    assert m["diff_pp"] == pytest.approx(sim_change + 50.0) and m["met"]  # -43.75 % vs -50 %: 6.25 pp <= 10
     assert (tmp_path / "out" / "fidelity_errors.md").exists() and (tmp_path / "out" / "fidelity_effect.csv").exists()
 
 

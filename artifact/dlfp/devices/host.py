@@ -38,6 +38,14 @@ class HostCosts:
     * ``update_base_s`` 60e-6 + ``update_per_req_s`` 5e-6:
       ``Scheduler.update_from_output`` (append tokens, stop checks, build
       EngineCoreOutputs).
+    * ``bookkeeping_base_s`` 0 + ``bookkeeping_per_req_s`` 0: the model runner's work after the
+      sampler (``GPUModelRunner._bookkeeping_sync``, building ``ModelRunnerOutput``) and ``EngineCore.step``
+      up to ``update_from_output``. On a GPU it overlaps the next batch under async scheduling and is
+      assumed to be inside ``update_base_s`` (0 here keeps the GPU experiments' costs as they were);
+      measured on the CPU by ``dlfp calibrate``.
+    * ``engine_loop_s`` 0: the engine loop between ``update_from_output`` and the next
+      ``schedule()`` (``EngineCoreProc._process_engine_step`` putting the outputs on the output queue,
+      ``_process_input_queue``). Assumed inside ``update_base_s`` on GPUs (0); measured on the CPU.
     * ``frontend_output_s`` 300e-6: EngineCore output thread -> ZMQ -> AsyncLLM
       output handler -> client stream; runs in other threads/processes, so it
       delays token emission but not the engine loop.
@@ -57,6 +65,9 @@ class HostCosts:
     sample_launch_s: float = 30e-6
     update_base_s: float = 60e-6
     update_per_req_s: float = 5e-6
+    bookkeeping_base_s: float = 0.0
+    bookkeeping_per_req_s: float = 0.0
+    engine_loop_s: float = 0.0
     frontend_output_s: float = 300e-6
     ingest_s: float = 200e-6
 
@@ -83,6 +94,10 @@ class HostCosts:
     def prep_s(self, num_requests: int, num_tokens: int) -> float:
         """Input preparation (s) of a batch of ``num_requests`` requests and ``num_tokens`` tokens."""
         return self.prep_base_s + self.prep_per_req_s * num_requests + self.prep_per_token_s * num_tokens
+
+    def bookkeeping_s(self, num_requests: int) -> float:
+        """The model runner's work after the sampler (s) for a batch of ``num_requests`` requests."""
+        return self.bookkeeping_base_s + self.bookkeeping_per_req_s * num_requests
 
     def launch_rule(self, num_layers: int, kernels_per_layer: int) -> Callable[[int, int], float]:
         """The kernel-launch time (s) of a model with ``num_layers`` layers of ``kernels_per_layer`` kernels.

@@ -215,10 +215,17 @@ class DeviceModel:
 class FittedCosts:
     """Coefficients of a measured profile (seconds per unit), fitted by ``dlfp.studies.calibration``.
 
-    ``t = step_s + per_token_s * tokens + per_sampled_s * sampled + per_attn_pair_s * attn_pairs
-    + per_kv_token_s * kv_read_tokens``: the parts of the GPU form (fixed per-step cost, per-token
-    and per-sequence compute, attention over context, KV reads) added instead of taken as roofline
+    ``t = step_s + per_token_s * tokens + per_sampled_s * rows + per_attn_pair_s * attn_pairs
+    + per_kv_token_s * kv_read_tokens + lm_head(rows)``: the parts of the GPU form (fixed per-step cost,
+    per-token and per-sequence compute, attention over context, KV reads) added instead of taken as roofline
     maxima (eager CPU execution does not overlap compute and memory traffic).
+
+    ``lm_head_rows`` / ``lm_head_s``: the measured time (s) of the LM head (``compute_logits``) by its row
+    count, one row per scheduled request (vLLM computes logits for the last token of every request, also of
+    a partial prefill chunk); linear in between and beyond the measured counts. The CPU's GEMM is not
+    monotonic in its row count (3 rows take longer than 4), so no per-row coefficient can stand for it. With
+    the table, ``rows`` is the number of scheduled requests; without it (a profile fitted to whole steps),
+    ``rows`` is the number of sampled tokens and the head is inside ``per_sampled_s``.
     """
 
     step_s: float
@@ -226,12 +233,45 @@ class FittedCosts:
     per_sampled_s: float
     per_attn_pair_s: float
     per_kv_token_s: float
+    lm_head_rows: tuple = ()
+    lm_head_s: tuple = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name.startswith("lm_head"):
+                if not isinstance(v, (list, tuple)) or not all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                        for x in v):
+                    raise CostModelError(f"field fitted.{f.name}: must be a list of finite non-negative numbers")
+                object.__setattr__(self, f.name, tuple(float(x) for x in v))
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise CostModelError(f"field fitted.{f.name}: must be a finite non-negative number, got {v!r}")
+        r = self.lm_head_rows
+        if len(r) != len(self.lm_head_s) or any(b <= a for a, b in zip(r, r[1:])):
+            raise CostModelError("field fitted.lm_head_rows: must increase and match fitted.lm_head_s in length")
+
+    def lm_head(self, rows: float) -> float:
+        """The LM head's time (s) for ``rows`` rows: the table, linear in between and beyond; 0 without a table."""
+        r, t = self.lm_head_rows, self.lm_head_s
+        if not r:
+            return 0.0
+        if len(r) == 1:
+            return t[0] * rows / r[0]
+        if rows <= r[0]:
+            return max(0.0, t[0] + (t[1] - t[0]) * (rows - r[0]) / (r[1] - r[0])) if rows < r[0] else t[0]
+        for i in range(1, len(r)):
+            if rows <= r[i]:
+                return t[i - 1] + (t[i] - t[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1])
+        return t[-1] + (t[-1] - t[-2]) * (rows - r[-1]) / (r[-1] - r[-2])
+
+    def time(self, tokens: float, rows: float, attn_pairs: float, kv_read_tokens: float) -> float:
+        """Device time (s) of one step (see the class docstring); 0 for an empty step."""
+        if tokens <= 0:
+            return 0.0
+        return (self.step_s + self.per_token_s * tokens + self.per_sampled_s * rows + self.per_attn_pair_s * attn_pairs
+                + self.per_kv_token_s * kv_read_tokens + self.lm_head(rows))
 
 
 class FittedDeviceModel(DeviceModel):
@@ -256,23 +296,37 @@ class FittedDeviceModel(DeviceModel):
         self.a = assumptions or DeviceAssumptions()
         self.overhead = self.c.step_s
         self.idle_w, self.tdp_w = gpu.idle_w, gpu.tdp_w
+        self._rows_are_requests = bool(self.c.lm_head_rows)
 
     def time(self, tokens: int, sampled: int, attn_pairs: float, kv_read_tokens: float) -> tuple[float, float]:
-        """Device time (s) of one iteration from aggregate counts (see ``DeviceModel.time``); utilisation NaN."""
-        if tokens <= 0:
-            return 0.0, 0.0
-        c = self.c
-        return (c.step_s + c.per_token_s * tokens + c.per_sampled_s * sampled + c.per_attn_pair_s * attn_pairs
-                + c.per_kv_token_s * kv_read_tokens), float("nan")
+        """Device time (s) of one iteration from aggregate counts (see ``DeviceModel.time``); utilisation NaN.
+
+        The aggregate counts do not say how many requests the batch has; ``sampled`` stands for them. Prefer
+        ``time_scheduled`` / ``time_batch``, which count the requests.
+        """
+        return self.c.time(tokens, sampled, attn_pairs, kv_read_tokens), float("nan")
+
+    def time_scheduled(self, entries, feats) -> tuple[float, float]:
+        """Device time (s) of a simulator schedule (``entries``, ``scheduled_features``); utilisation NaN."""
+        tokens, sampled, pairs, kv = feats[0], feats[1], feats[2], feats[3]
+        rows = len(entries) if self._rows_are_requests else sampled
+        return self.c.time(tokens, rows, pairs, kv), float("nan")
+
+    def time_batch(self, batch: Batch) -> tuple[float, float]:
+        """Device time (s) of a ``Batch``; its rows are its prefill chunks and decodes (with an LM-head table)."""
+        tokens, sampled, pairs, kv = batch_counts(batch)
+        rows = len(batch.prefill) + len(batch.decodes) if self._rows_are_requests else sampled
+        return self.c.time(tokens, rows, pairs, kv), float("nan")
 
     def breakdown(self, batch: Batch) -> Breakdown:
-        """Parts: ``linear_s`` = per-token + per-sampled terms, ``attention_s`` = pair + KV terms,
+        """Parts: ``linear_s`` = per-token + per-row terms and the LM head, ``attention_s`` = pair + KV terms,
         ``overhead_s`` = step."""
         tokens, sampled, pairs, kv = batch_counts(batch)
         if tokens <= 0:
             return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
         c = self.c
-        lin = c.per_token_s * tokens + c.per_sampled_s * sampled
+        rows = len(batch.prefill) + len(batch.decodes) if self._rows_are_requests else sampled
+        lin = c.per_token_s * tokens + c.per_sampled_s * rows + c.lm_head(rows)
         att = c.per_attn_pair_s * pairs + c.per_kv_token_s * kv
         total = lin + att + c.step_s
         nan = float("nan")

@@ -160,19 +160,21 @@ def dlfp_effect(real: TrialMap, sim: TrialMap, baseline: str = "baseline", arm: 
 
 
 def step_parts(trials: TrialMap, backend: str) -> pd.DataFrame:
-    """Where an engine step's time goes, per step kind, pooled over trials (seconds, means).
+    """Where an engine step's time goes, per arm and step kind, pooled over seeds (seconds, means).
 
     Step kinds: ``decode`` (no prefill tokens) and ``prefill`` (with prefill tokens, mixed or not).
-    Columns: ``backend``, ``kind``, ``steps`` (per trial, mean), ``prefill_tokens`` (per step),
+    Columns: ``backend``, ``arm``, ``kind``, ``steps`` (per trial, mean), ``prefill_tokens`` (per step),
     ``num_decodes`` (per step), ``schedule_s`` (``issue_s - schedule_s``), ``execute_s``
     (``device_end_s - issue_s``: input preparation + device), ``rest_s`` (``host_interval_s``
     minus both: output processing and the engine loop), ``interval_s`` (``host_interval_s``).
     Iterations whose host interval spans an idle engine (> 5 x the median of their kind) are left out
-    of the time columns.
+    of the time columns. The ``steps`` and ``prefill_tokens`` columns show WHY a controller changes TTFT: a
+    capped prefill takes more, smaller steps.
     """
     frames = []
-    for t in trials.values():
+    for (arm, _seed), t in trials.items():
         it = t.iterations.copy()
+        it["arm"] = arm
         it["kind"] = np.where(it["prefill_tokens"] > 0, "prefill", "decode")
         it["schedule"] = it["issue_s"] - it["schedule_s"]
         it["execute"] = it["device_end_s"] - it["issue_s"]
@@ -181,11 +183,12 @@ def step_parts(trials: TrialMap, backend: str) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     it = pd.concat(frames, ignore_index=True)
+    n_trials = {a: sum(1 for (x, _) in trials if x == a) for a in {a for a, _ in trials}}
     rows = []
-    for kind, g in it.groupby("kind"):
+    for (arm, kind), g in it.groupby(["arm", "kind"]):
         med = g["host_interval_s"].median()
         busy = g[g["host_interval_s"] <= 5 * med]
-        rows.append({"backend": backend, "kind": kind, "steps": len(g) / len(frames),
+        rows.append({"backend": backend, "arm": arm, "kind": kind, "steps": len(g) / n_trials[arm],
                      "prefill_tokens": g["prefill_tokens"].mean(), "num_decodes": g["num_decodes"].mean(),
                      "schedule_s": busy["schedule"].mean(), "execute_s": busy["execute"].mean(),
                      "rest_s": busy["rest"].mean(), "interval_s": busy["host_interval_s"].mean()})
@@ -193,11 +196,11 @@ def step_parts(trials: TrialMap, backend: str) -> pd.DataFrame:
 
 
 def attribution(real: TrialMap, sim: TrialMap) -> pd.DataFrame:
-    """``step_parts`` of both backends side by side, with ``sim/real - 1`` of each part per kind."""
+    """``step_parts`` of both backends side by side, per arm and kind, with ``sim/real - 1`` of each part."""
     a, b = step_parts(real, "real"), step_parts({k: sim[k] for k in real if k in sim}, "sim")
     if a.empty or b.empty:
         return pd.DataFrame()
-    m = a.merge(b, on="kind", suffixes=("_real", "_sim"))
+    m = a.merge(b, on=["arm", "kind"], suffixes=("_real", "_sim"))
     for c in ("steps", "prefill_tokens", "num_decodes", "schedule_s", "execute_s", "rest_s", "interval_s"):
         m[f"{c}_err"] = m[f"{c}_sim"] / m[f"{c}_real"] - 1
     return m.drop(columns=["backend_real", "backend_sim"])
@@ -321,86 +324,204 @@ def _seeds_arg(text: str) -> list[int]:
     return seeds
 
 
+#: the validation workloads: real-engine experiments on this CPU (the calibration grid never saw them)
+VALIDATION_EXPERIMENTS = ("cpu-tiny", "cpu-tiny-r0.25", "cpu-tiny-long-prompt")
+#: where the replicate trials (run-to-run noise) of the real engine are kept, under the output directory
+REPLICATE_DIR = "replicates"
+
+
+def _experiments_arg(text: str) -> list[str]:
+    """``--experiments``: comma-separated experiment names."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated experiment names")
+    return names
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dlfp validate-sim", description=__doc__.split("\n")[0])
-    ap.add_argument("--experiment", default="cpu-tiny")
+    ap.add_argument("--experiments", default=list(VALIDATION_EXPERIMENTS), type=_experiments_arg,
+                    help=f"comma-separated validation workloads (default {','.join(VALIDATION_EXPERIMENTS)})")
+    ap.add_argument("--experiment", default=None, help="one validation workload (same as --experiments NAME)")
     ap.add_argument("--traces", default=str(REPO / "data" / "traces"), help="trace root with <backend>/<experiment>/")
     ap.add_argument("--backend", default="vllm", type=_backend_arg, help="backend of the real traces (default vllm)")
     ap.add_argument("--out", default=str(REPO / "data" / "results" / "fidelity"), help="output directory")
     ap.add_argument("--run-real", action="store_true",
-                    help="run missing real trials on the vLLM engine first (needs vllm 0.17.1) and write them")
+                    help="run missing real trials (and the replicates) on the vLLM engine first (needs vllm 0.17.1), "
+                         "each on a quiet machine")
+    ap.add_argument("--allow-loaded", action="store_true",
+                    help="with --run-real: run on a loaded machine (recorded as provisional in real_runs.jsonl)")
     ap.add_argument("--gpu", default=None, help="simulate with this hardware key instead of the config's")
     ap.add_argument("--seeds", default=None, type=_seeds_arg,
                     help="comma-separated seeds to use (default: all found / configured)")
     return ap
 
 
-def _real_and_simulated(a: argparse.Namespace) -> tuple[dict[tuple[str, int], Trial], dict[tuple[str, int], Trial]]:
-    """The real trials selected by the arguments and their simulated twins.
+def _real_and_simulated(a: argparse.Namespace, experiment: str) -> tuple[dict[tuple[str, int], Trial],
+                                                                          dict[tuple[str, int], Trial]]:
+    """The real trials of ``experiment`` selected by the arguments and their simulated twins.
 
     Raises:
         ValidationError: no real traces, or a workload fingerprint differs.
         dlfp.config.ConfigError: unknown experiment, or a config the simulator cannot run.
     """
-    from dlfp.config import load_experiment
-
-    load_experiment(a.experiment)  # an unknown experiment is named (with the known ones) before anything runs
     seeds = a.seeds
-    if a.run_real:
-        _run_real(a.experiment, a.traces, seeds)
-    real = load_real(a.traces, a.experiment, a.backend)
+    real = load_real(a.traces, experiment, a.backend)
     if seeds is not None:
         real = {k: v for k, v in real.items() if k[1] in seeds}
     if not real:
-        raise ValidationError(f"no {a.backend} traces of {a.experiment!r} under {a.traces} "
-                              f"(run `dlfp run {a.experiment} --backend vllm` or pass --run-real)")
+        raise ValidationError(f"no {a.backend} traces of {experiment!r} under {a.traces} "
+                              f"(run `dlfp run {experiment} --backend vllm` or pass --run-real)")
     over = {"gpu": a.gpu} if a.gpu else None
     return real, {k: simulate_like(t, over) for k, t in real.items()}
 
 
-def _write_outputs(real: TrialMap, sim: TrialMap, out: Path) -> None:
-    """Write the tables (CSV, Markdown) and figures (PNG) under ``out`` and print the Markdown and attribution."""
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(path)
+
+
+def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Write the tables (CSV, Markdown) and the figures of the first workload under ``out``; print the audit.
+
+    ``results``: ``{experiment: {"real", "sim", "replicates", "emu"}}`` (trial maps; the last two may be empty).
+    Returns the audit tables ``(errors, effects)``.
+    """
+    from dlfp.studies import validation_audit as va
+
     out.mkdir(parents=True, exist_ok=True)
-    err = error_table(real, sim)
-    eff = dlfp_effect(real, sim)
-    att = attribution(real, sim)
-    err.to_csv(out / "errors.csv", index=False)
-    eff.to_csv(out / "dlfp_effect.csv", index=False)
-    att.to_csv(out / "attribution.csv", index=False)
-    cap_trajectories(real, sim).to_csv(out / "cap_trajectories.csv", index=False)
-    md = fidelity_markdown(err, eff)
-    (out / "fidelity.md").write_text(md + "\n")
+    errs, audits, effs, atts, noises, tws = [], [], [], [], [], []
+    for exp, r in results.items():
+        real, sim, rep, emu = r["real"], r["sim"], r["replicates"], r["emu"]
+        e = error_table(real, sim)
+        e.insert(0, "experiment", exp)
+        errs.append(e)
+        mn, en = va.metric_noise(real, rep), va.effect_noise(real, rep)
+        noises.append({"experiment": exp, "replicates": len([k for k in rep if k in real]),
+                       **{f"{m}_noise": v for m, v in mn.items()}, **{f"{m}_effect_noise_pp": v for m, v in en.items()}})
+        audits.append(va.audit_errors(exp, real, sim, mn))
+        effs.append(va.audit_effects(exp, real, sim, en))
+        att = attribution(real, sim)
+        if len(att):
+            att.insert(0, "experiment", exp)
+            atts.append(att)
+        if emu:
+            tws.append(va.three_way(real, emu, sim, exp))
+    err, aud, eff = pd.concat(errs, ignore_index=True), pd.concat(audits, ignore_index=True), \
+        pd.concat(effs, ignore_index=True)
+    _atomic_csv(err, out / "errors.csv")
+    _atomic_csv(aud, out / "audit_errors.csv")
+    _atomic_csv(eff, out / "effects.csv")
+    _atomic_csv(pd.DataFrame(noises), out / "noise.csv")
+    if atts:
+        _atomic_csv(pd.concat(atts, ignore_index=True), out / "attribution.csv")
+    md = va.audit_markdown(aud, eff)
+    if tws:
+        tw = pd.concat(tws, ignore_index=True)
+        _atomic_csv(tw, out / "three_way.csv")
+        md += "\n\nReal engine, emulator (vLLM's real loop over the fitted CPU device) and simulator:\n\n" + \
+            va.three_way_markdown(tw)
+    _atomic_text(out / "fidelity.md", md + "\n")
+    first = next(iter(results))
+    real, sim = results[first]["real"], results[first]["sim"]
+    _atomic_csv(cap_trajectories(real, sim), out / "cap_trajectories.csv")
     itl_cdf_overlay_figure(real, sim).savefig(out / "itl_cdf_overlay.png", dpi=120)
     cap_trajectory_overlay_figure(real, sim).savefig(out / "cap_trajectories.png", dpi=120)
     print(md)
-    if len(att):
-        print(att.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return aud, eff
 
 
 def main_validate(argv: Sequence[str] | None = None) -> int:
-    """``dlfp validate-sim``: compare the simulator with real traces of an experiment; write tables and figures.
+    """``dlfp validate-sim``: the simulator against the real engine on every validation workload.
 
-    Returns the exit status (0 written, 2 bad input: no real traces, missing profile, fingerprint mismatch).
+    Writes the tables and figures and prints the audit. Returns the exit status: 0 every target met within the
+    run-to-run noise, 1 a target missed by more than the noise (each named on stderr), 2 bad input (no real
+    traces, missing profile, fingerprint mismatch, unknown experiment).
     """
     a = _parser().parse_args(list(argv) if argv is not None else None)
-    from dlfp.config import ConfigError
+    from dlfp.config import ConfigError, load_experiment
+    from dlfp.studies.calibration.quiet import MachineBusy
 
+    experiments = [a.experiment] if a.experiment else list(a.experiments)
+    out = Path(a.out)
+    results: dict[str, dict] = {}
     try:
-        real, sim = _real_and_simulated(a)
-    except (ValidationError, ConfigError) as e:
+        for exp in experiments:
+            load_experiment(exp)  # an unknown experiment is named (with the known ones) before anything runs
+        for exp in experiments:
+            if a.run_real:
+                _run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=out / REPLICATE_DIR,
+                          allow_loaded=a.allow_loaded)
+            real, sim = _real_and_simulated(a, exp)
+            rep = {k: v for k, v in load_real(out / REPLICATE_DIR, exp, a.backend).items() if k in real}
+            emu = {k: v for k, v in load_real(a.traces, exp, "emu").items() if k in real}
+            results[exp] = {"real": real, "sim": sim, "replicates": rep, "emu": emu}
+    except (ValidationError, ConfigError, MachineBusy) as e:
         print(f"dlfp validate-sim: {e}", file=sys.stderr)
         return 2
-    out = Path(a.out)
-    _write_outputs(real, sim, out)
+    aud, eff = _write_outputs(results, out)
     print(f"wrote {out}")
-    return 0
+    missed = [f"{r.experiment}/{r.arm} {r.metric}: {r.error * 100:+.1f} % (target {r.target * 100:.0f} %, noise "
+              f"{r.noise * 100:.1f} %)" for r in aud.itertuples() if r.beyond_noise]
+    missed += [f"{r.experiment}/{r.arm} effect on {r.metric}, seed {r.seed}: sim - real {r.diff_pp:+.1f} pp "
+               f"(target {r.target_pp:.0f} pp, noise {r.noise_pp:.1f} pp)" for r in eff.itertuples()
+               if r.beyond_noise and r.seed != "mean"]
+    for m in missed:
+        print(f"dlfp validate-sim: target missed beyond noise: {m}", file=sys.stderr)
+    return 1 if missed else 0
 
 
-def _run_real(experiment: str, root: str | Path, seeds: Sequence[int] | None = None) -> None:
-    """Run every (arm, seed) of ``experiment`` on the vLLM backend that has no complete trace yet."""
-    from dlfp.config import load_experiment
+#: the (arm, seed) pairs of each validation workload that run twice, for the run-to-run noise of the real engine
+REPLICATES: tuple[tuple[str, int], ...] = (("baseline", 801), ("dlfp", 801))
+#: where the real-engine runs' machine records go (one JSON line per trial, appended)
+RUN_RECORD = "real_runs.jsonl"
+
+
+def _run_one_real(cfg, arm: str, seed: int, root: str | Path, record: Path | None, allow_loaded: bool,
+                  replicate: bool = False) -> None:
+    """One real-engine trial under ``QuietMonitor``, written under ``root``; its machine record appended.
+
+    Raises:
+        MachineBusy: the machine is loaded at the start (unless ``allow_loaded``).
+    """
+    import json
+
     from dlfp.backends.vllm.runner import run_trial
-    from dlfp.traces.format import is_complete, trial_dir, write_trial
+    from dlfp.studies.calibration.quiet import QuietMonitor
+    from dlfp.traces.format import write_trial
+
+    with QuietMonitor(allow_loaded=allow_loaded) as mon:
+        trial = run_trial(cfg, arm, seed)
+    write_trial(trial, root)
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with open(record, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"experiment": cfg.name, "arm": arm, "seed": seed, "replicate": replicate,
+                                **mon.report.as_dict()}) + "\n")
+    r = mon.report
+    print(f"  validate-sim: {cfg.name}/{arm}/seed-{seed}{' (replicate)' if replicate else ''}: {r.verdict}, "
+          f"load {r.load_start[0]:.2f} -> {r.load_end[0]:.2f}, other processes {r.foreign_mean:.2f} cores",
+          file=sys.stderr, flush=True)
+
+
+def _run_real(experiment: str, root: str | Path, seeds: Sequence[int] | None = None, *,
+              record: Path | None = None, replicate_root: str | Path | None = None,
+              allow_loaded: bool = False) -> None:
+    """Run every (arm, seed) of ``experiment`` on the vLLM backend that has no complete trace yet.
+
+    Each trial runs under ``dlfp.studies.calibration.quiet.QuietMonitor`` (refused on a loaded machine unless
+    ``allow_loaded``); ``record`` gets one JSON line per trial with the load seen. With ``replicate_root``, the
+    pairs of ``REPLICATES`` run a second time into that root (the run-to-run noise).
+    """
+    from dlfp.config import load_experiment
+    from dlfp.traces.format import is_complete, trial_dir
 
     cfg = load_experiment(experiment)
     for seed in seeds or cfg.seeds:
@@ -408,12 +529,18 @@ def _run_real(experiment: str, root: str | Path, seeds: Sequence[int] | None = N
             if is_complete(trial_dir(root, "vllm", experiment, arm, seed)):
                 continue
             print(f"  validate-sim: running {experiment}/{arm}/seed-{seed} on vLLM", file=sys.stderr, flush=True)
-            write_trial(run_trial(cfg, arm, seed), root)
+            _run_one_real(cfg, arm, seed, root, record, allow_loaded)
+    if replicate_root is None:
+        return
+    for arm, seed in REPLICATES:
+        if arm in cfg.arms and not is_complete(trial_dir(replicate_root, "vllm", experiment, arm, seed)):
+            _run_one_real(cfg, arm, seed, replicate_root, record, allow_loaded, replicate=True)
 
 
 __all__ = ["METRICS", "ValidationError", "attribution", "cap_trajectories", "cap_trajectory_overlay_figure",
            "decode_step_fit", "dlfp_effect", "error_table", "fidelity_markdown", "itl_cdf_overlay_figure",
-           "load_real", "main_validate", "rel_error", "simulate_like", "step_parts", "summaries"]
+           "load_real", "main_validate", "rel_error", "simulate_like", "step_parts", "summaries", "REPLICATES",
+           "VALIDATION_EXPERIMENTS"]
 
 if __name__ == "__main__":
     raise SystemExit(main_validate())

@@ -305,7 +305,16 @@ class EmuExecutor(Executor):
         fut = self.pending.popleft()
         if self.host_costs.sample_launch_s > 0:
             EmulatedDevice.wait_until(time.monotonic() + self.host_costs.sample_launch_s)
-        return fut if non_block else fut.result()
+        if non_block:
+            return fut
+        out = fut.result()
+        # the runner's bookkeeping after the sampler (GPUModelRunner._bookkeeping_sync), on the engine thread;
+        # charged only on the synchronous path (under async scheduling it overlaps the next batch)
+        n = len(getattr(out, "req_ids", None) or ())
+        book = self.host_costs.bookkeeping_s(n)
+        if book > 0:
+            EmulatedDevice.wait_until(time.monotonic() + book)
+        return out
 
     def execute_dummy_batch(self) -> None:
         return

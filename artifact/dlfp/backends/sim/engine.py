@@ -192,7 +192,9 @@ class _Run:
         """``Scheduler.update_from_output`` of ``b``: emit its sampled tokens and finish completed requests."""
         e = self.e
         h = e.host
-        tend = self.t + h.update_base_s + h.update_per_req_s * len(b.entries)
+        n = len(b.entries)
+        # the runner's bookkeeping after the sampler, then update_from_output; the outputs go to the frontend
+        tend = self.t + h.bookkeeping_base_s + h.bookkeeping_per_req_s * n + h.update_base_s + h.update_per_req_s * n
         emit = tend + h.frontend_output_s
         asy = e.async_
         for r, _k, _c, _dec, smp in b.entries:
@@ -207,7 +209,7 @@ class _Run:
                 self.unfinished -= 1
                 if self.progress is not None:
                     self.progress(self.n - self.unfinished, self.n)
-        self.t = tend
+        self.t = tend + h.engine_loop_s  # _process_engine_step's output put and _process_input_queue
         if b.iteration >= 0:
             b.processed = True
             if not e._host_sig:

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--experiment", default="cpu-tiny", help="engine settings from this experiment (default cpu-tiny)")
     ap.add_argument("--out", default=str(DEFAULT_PROFILE), help="profile YAML to write")
     ap.add_argument("--key", default=DEFAULT_KEY, help="profile key (the config's `gpu`)")
-    ap.add_argument("--repeats", type=int, default=2, help="grid repeats; repeat 0 is fitted, the rest held out")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="grid repeats (default 3): each phase's step time gets a 95 %% confidence interval")
     ap.add_argument("--quick", action="store_true", help="small grid (development)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--measurements", default=None,
@@ -38,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--refit", default=None, help="refit from a saved measurements directory (no engine run)")
     ap.add_argument("--figure", default=None, help="write the residual figure here (png/pdf)")
     ap.add_argument("--max-load", type=float, default=None,
-                    help="refuse to run when the 1-minute load average exceeds this (timing noise)")
+                    help="refuse to run when the 1-minute load average exceeds this (default 0.5 per core)")
+    ap.add_argument("--allow-loaded", action="store_true",
+                    help="run on a loaded machine anyway; the profile is then marked provisional")
     return ap
 
 
@@ -52,15 +55,34 @@ def _measure(a: argparse.Namespace, mdir: Path) -> tuple[dict, dict]:
     if a.refit:
         meas = load_measurements(a.refit)
         return meas, meas.get("machine") or machine_description()
-    load0 = os.getloadavg()[0]
-    if a.max_load is not None and load0 > a.max_load:
-        raise CalibrationError(f"1-minute load {load0:.2f} > --max-load {a.max_load}; timings would be noisy")
-    meas = run_grid(default_grid(quick=a.quick), experiment=a.experiment, repeats=a.repeats, seed=a.seed)
+    from dlfp.studies.calibration.quiet import MAX_LOAD_PER_CORE, MachineBusy, QuietMonitor
+
+    per_core = MAX_LOAD_PER_CORE if a.max_load is None else a.max_load / (os.cpu_count() or 1)
+    mon = QuietMonitor(max_load_per_core=per_core, allow_loaded=a.allow_loaded)
+    try:
+        with mon:
+            meas = run_grid(default_grid(quick=a.quick), experiment=a.experiment, repeats=a.repeats, seed=a.seed)
+    except MachineBusy as e:
+        raise CalibrationError(str(e)) from None
     machine = machine_description()
-    machine["loadavg_at_start"] = load0
+    machine["loadavg_at_start"] = list(mon.report.load_start)
+    machine["quiet"] = mon.report.as_dict()
     meas["machine"] = machine
     save_measurements(meas, mdir)
+    r = mon.report
+    print(f"machine: {r.verdict}; 1-minute load {r.load_start[0]:.2f} at the start, {r.load_end[0]:.2f} at the end; "
+          f"other processes {r.foreign_mean:.2f} cores on average (max {r.foreign_max:.2f} smoothed); "
+          f"CPU {r.mhz_min:.0f}-{r.mhz_max:.0f} MHz" + (f"; {'; '.join(r.reasons)}" if r.reasons else ""),
+          file=sys.stderr)
     return meas, machine
+
+
+def _write_csv(df, path: Path) -> None:
+    """``df`` as CSV at ``path``, atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def _bad_input_status(e: Exception, a: argparse.Namespace) -> int | None:
@@ -96,18 +118,27 @@ def main_calibrate(argv: Sequence[str] | None = None) -> int:
     try:
         meas, machine = _measure(a, mdir)
         model = load_experiment(a.experiment).model
-        prof, _, steps = calibrate(meas, model=model, fit_repeats=[0], machine=machine)
+        prof, _, steps = calibrate(meas, model=model, machine=machine)
         path = write_profile(prof, a.out, a.key)
     except (BackendUnavailable, CalibrationError, KeyError, ValueError, TypeError, IndexError) as e:
         status = _bad_input_status(e, a)
         if status is None:
             raise
         return status
+    from dlfp.studies.calibration.profile import phase_table
+
+    if not a.refit or Path(a.refit).resolve() == mdir.resolve():
+        _write_csv(phase_table(steps, prof["fit"]["grid"], prof["fit"]["grid"]["fit_target"]), mdir / "phases.csv")
     figpath = Path(a.figure) if a.figure else mdir / "residuals.png"
     figpath.parent.mkdir(parents=True, exist_ok=True)
     residual_figure(steps).savefig(figpath, dpi=120)
     print(coefficient_table(prof).to_string(index=False))
     print(f"in-sample: {json.dumps(prof['fit']['in_sample'])}")
     print(f"held-out:  {json.dumps(prof['fit']['held_out'])}")
+    if "whole_step" in prof["fit"]["grid"]:
+        print(f"whole step (prep + device + bookkeeping), held-out: "
+              f"{json.dumps(prof['fit']['grid']['whole_step']['held_out'])}")
+    if prof["fit"].get("provisional"):
+        print("profile marked provisional: the machine was not quiet (see machine.quiet in the profile)")
     print(f"wrote {path} and {figpath}")
     return 0

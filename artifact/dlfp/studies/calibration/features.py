@@ -67,5 +67,15 @@ def design_matrix(steps: pd.DataFrame) -> np.ndarray:
 
 
 def predict_execute(steps: pd.DataFrame, coef: dict[str, float]) -> np.ndarray:
-    """Modelled ``execute_s`` (seconds) of each step from the device coefficients; shape ``(n_steps,)``."""
+    """Modelled device time (seconds) of each step from the device coefficients; shape ``(n_steps,)``.
+
+    With an LM-head table in ``coef`` (``lm_head_rows``), ``dlfp.devices.roofline.FittedCosts.time`` with one row
+    per scheduled request; without it, the linear ``DEVICE_TERMS``.
+    """
+    if coef.get("lm_head_rows"):
+        from dlfp.devices.roofline import FittedCosts
+
+        fc = FittedCosts(**coef)
+        return np.array([fc.time(t, r, p, k) for t, r, p, k in zip(steps["tokens"], steps["num_scheduled"],
+                                                                   steps["attn_pairs"], steps["kv_tokens"])])
     return design_matrix(steps) @ np.array([float(coef[k]) for k, _ in DEVICE_TERMS])

@@ -15,9 +15,9 @@ import pandas as pd
 
 from dlfp.studies.calibration.features import DEVICE_TERMS, CalibrationError, design_matrix
 
-#: HostCosts fields that the CPU engine has no separate phase for (inside execute_s): fixed at 0
-HOST_ZERO = ("prep_base_s", "prep_per_req_s", "prep_per_token_s", "launch_graph_s",
-             "launch_piecewise_per_layer_s", "launch_eager_per_kernel_s", "sample_launch_s")
+#: HostCosts fields the CPU engine has no phase for (no kernel launch, no sampler launch: it is eager and
+#: synchronous): fixed at 0
+HOST_ZERO = ("launch_graph_s", "launch_piecewise_per_layer_s", "launch_eager_per_kernel_s", "sample_launch_s")
 #: rounds of the reweighted fit: one weighted by 1 / measured, then reweighted by 1 / modelled
 IRLS_ROUNDS = 6
 
@@ -100,6 +100,52 @@ def fit_device(steps: pd.DataFrame, time_col: str = "execute_s") -> FitResult:
     return FitResult(coef=coef, residuals=pred / y - 1.0, n=len(y), stats=residual_stats(y, pred))
 
 
+#: steps a row count needs in the fitted set to get its own entry in the LM-head table
+LM_HEAD_MIN_STEPS = 3
+
+
+def fit_device_parts(steps: pd.DataFrame) -> FitResult:
+    """Fit the device terms part by part to the model runner's measured parts (seconds).
+
+    * ``forward_s`` (``_model_forward``) ~ step + per token + per causal attention pair + per cached token read;
+    * ``logits_s`` (``compute_logits``) -> the LM-head table: the median time per row count
+      (``num_scheduled``, one row per scheduled request), for every row count with at least
+      ``LM_HEAD_MIN_STEPS`` steps;
+    * ``sample_s`` (``_sample``) ~ step + per row.
+
+    The coefficients are those of ``dlfp.devices.roofline.FittedCosts`` (``step_s`` = the forward pass's and
+    the sampler's fixed parts); the residuals are those of the predicted ``device_s``.
+
+    Raises:
+        CalibrationError: a part column is missing, or too few steps for a term.
+    """
+    from dlfp.devices.roofline import FittedCosts
+
+    for c in ("forward_s", "logits_s", "sample_s", "device_s", "num_scheduled"):
+        if c not in steps:
+            raise CalibrationError(f"steps: column {c!r} missing")
+    ok = steps[np.isfinite(steps["forward_s"]) & (steps["forward_s"] > 0)]
+    X = np.column_stack([np.ones(len(ok)), ok["tokens"].to_numpy(float), ok["attn_pairs"].to_numpy(float),
+                         ok["kv_tokens"].to_numpy(float)])
+    f0, f_tok, f_pair, f_kv = _nnls_relative(X, ok["forward_s"].to_numpy(float))
+    sm = steps[np.isfinite(steps["sample_s"]) & (steps["sample_s"] > 0)]
+    s0, s_row = _nnls_relative(np.column_stack([np.ones(len(sm)), sm["num_scheduled"].to_numpy(float)]),
+                               sm["sample_s"].to_numpy(float))
+    lg = steps[np.isfinite(steps["logits_s"]) & (steps["logits_s"] > 0)]
+    counts = lg.groupby("num_scheduled")["logits_s"].agg(["median", "size"])
+    counts = counts[counts["size"] >= LM_HEAD_MIN_STEPS]
+    if counts.empty:
+        raise CalibrationError(f"fit: no row count has {LM_HEAD_MIN_STEPS} steps with a measured LM head")
+    coef = {"step_s": float(f0 + s0), "per_token_s": float(f_tok), "per_sampled_s": float(s_row),
+            "per_attn_pair_s": float(f_pair), "per_kv_token_s": float(f_kv),
+            "lm_head_rows": [int(r) for r in counts.index], "lm_head_s": [float(v) for v in counts["median"]]}
+    fc = FittedCosts(**coef)
+    y = steps["device_s"].to_numpy(float)
+    pred = np.array([fc.time(t, r, p, k) for t, r, p, k in zip(steps["tokens"], steps["num_scheduled"],
+                                                                steps["attn_pairs"], steps["kv_tokens"])])
+    return FitResult(coef=coef, residuals=pred / y - 1.0, n=len(y), stats=residual_stats(y, pred))
+
+
 def fit_linear_host(y: np.ndarray, x: np.ndarray, names: tuple[str, str]) -> dict[str, float]:
     """``y ~ base + per * x`` by non-negative least squares on relative residuals; ``{names[0]: base, names[1]: per}``.
 
@@ -112,19 +158,35 @@ def fit_linear_host(y: np.ndarray, x: np.ndarray, names: tuple[str, str]) -> dic
     return {names[0]: float(b[0]), names[1]: float(b[1])}
 
 
+def _fit_linear_columns(y: np.ndarray, X: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """``y ~ X b`` (``b >= 0``) on relative residuals (``_nnls_relative``); ``{name: coefficient}``."""
+    b = _nnls_relative(np.asarray(X, float), np.asarray(y, float))
+    return {n: float(v) for n, v in zip(names, b)}
+
+
 def fit_host(steps: pd.DataFrame, tokens: pd.DataFrame | None = None,
              ingest: Sequence[float] | None = None) -> dict[str, float]:
-    """``HostCosts`` fields from the step log (seconds).
+    """``HostCosts`` fields from the step log (seconds), each fitted to the measured part it stands for.
 
     Args:
-        steps: columns ``schedule_cost_s``, ``num_running``, ``num_scheduled``, ``update_cost_s``
-            (NaN where the engine went idle after the step), ``update_start_s``.
+        steps: columns ``schedule_cost_s``, ``num_running``, ``num_scheduled``, ``tokens``, and either the
+            named parts of ``measurements.STEP_PARTS`` (``prep_s``, ``bookkeeping_s``, ``update_s``,
+            ``loop_s``; rows of a log with the model runner's parts) or, for an older log without them,
+            ``update_cost_s`` (then ``update_*`` covers update and loop, and prep / bookkeeping / loop are 0).
         tokens: optional client token receipts with ``client_s`` and ``update_start_s`` (the
             producing step's start of ``update_from_output``, engine clock) and that step's
             ``num_scheduled``: ``frontend_output_s`` = median of ``client_s - (update_start_s +
             modelled update cost)``, floored at 0.
         ingest: optional samples (s) of client ``generate()`` -> scheduler ``add_request`` with the
             engine idle; ``ingest_s`` = their median.
+
+    Terms (each ``base + per-unit x count``, non-negative least squares on relative residuals):
+
+    * ``schedule_*``: ``schedule_cost_s`` ~ 1 + (running + scheduled requests);
+    * ``prep_*``: ``prep_s`` ~ 1 + scheduled requests + tokens;
+    * ``bookkeeping_*``: ``bookkeeping_s`` ~ 1 + scheduled requests;
+    * ``update_*``: ``update_s`` ~ 1 + scheduled requests;
+    * ``engine_loop_s``: median of ``loop_s``.
 
     Returns:
         all ``HostCosts`` fields that this fit sets (those in ``HOST_ZERO`` are 0).
@@ -140,9 +202,27 @@ def fit_host(steps: pd.DataFrame, tokens: pd.DataFrame | None = None,
     s = steps[steps["schedule_cost_s"] > 0]
     out.update(fit_linear_host(s["schedule_cost_s"].to_numpy(), (s["num_running"] + s["num_scheduled"]).to_numpy(),
                                ("schedule_base_s", "schedule_per_req_s")))
-    u = steps[np.isfinite(steps["update_cost_s"]) & (steps["update_cost_s"] > 0)]
-    out.update(fit_linear_host(u["update_cost_s"].to_numpy(), u["num_scheduled"].to_numpy(),
-                               ("update_base_s", "update_per_req_s")))
+    parts = "prep_s" in steps and bool(steps["prep_s"].notna().any())
+    if parts:
+        p = steps[np.isfinite(steps["prep_s"]) & (steps["prep_s"] > 0)]
+        X = np.column_stack([np.ones(len(p)), p["num_scheduled"].to_numpy(float), p["tokens"].to_numpy(float)])
+        out.update(_fit_linear_columns(p["prep_s"].to_numpy(), X,
+                                       ("prep_base_s", "prep_per_req_s", "prep_per_token_s")))
+        k = steps[np.isfinite(steps["bookkeeping_s"]) & (steps["bookkeeping_s"] > 0)]
+        out.update(fit_linear_host(k["bookkeeping_s"].to_numpy(), k["num_scheduled"].to_numpy(),
+                                   ("bookkeeping_base_s", "bookkeeping_per_req_s")))
+        u = steps[np.isfinite(steps["update_s"]) & (steps["update_s"] > 0)]
+        out.update(fit_linear_host(u["update_s"].to_numpy(), u["num_scheduled"].to_numpy(),
+                                   ("update_base_s", "update_per_req_s")))
+        loop = steps["loop_s"].to_numpy(float)
+        loop = loop[np.isfinite(loop) & (loop >= 0)]
+        out["engine_loop_s"] = float(np.median(loop)) if loop.size else 0.0
+    else:
+        out.update({"prep_base_s": 0.0, "prep_per_req_s": 0.0, "prep_per_token_s": 0.0, "bookkeeping_base_s": 0.0,
+                    "bookkeeping_per_req_s": 0.0, "engine_loop_s": 0.0})
+        u = steps[np.isfinite(steps["update_cost_s"]) & (steps["update_cost_s"] > 0)]
+        out.update(fit_linear_host(u["update_cost_s"].to_numpy(), u["num_scheduled"].to_numpy(),
+                                   ("update_base_s", "update_per_req_s")))
     if tokens is not None and len(tokens):
         upd = out["update_base_s"] + out["update_per_req_s"] * tokens["num_scheduled"].to_numpy(dtype=float)
         d = tokens["client_s"].to_numpy(dtype=float) - tokens["update_start_s"].to_numpy(dtype=float) - upd

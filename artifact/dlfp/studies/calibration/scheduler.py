@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any, Mapping
 
+from dlfp.studies.calibration import runner_parts
 from dlfp.studies.calibration.features import chunk_counts
 
 #: environment variable naming the JSON-lines log the scheduler appends to
@@ -60,6 +61,10 @@ def _make_scheduler_class():
         "schedule_end_s", "update_start_s", "update_end_s", "busy_after", "num_running",
         "num_prefills", "num_decodes", "sampled_ids", + chunk_counts(...)}`` per non-empty step.
         Times: ``time.monotonic()``. Written from ``update_from_output`` (buffered) and at shutdown.
+        Each step row also carries the model runner's parts of that step (``runner_parts.take()``: the time
+        inside ``execute_model``, ``_update_states``, ``_prepare_inputs``, ``_model_forward``,
+        ``sample_tokens``, ``_sample``, ``_bookkeeping_sync``), timed by wrapping those methods in this
+        process (``runner_parts.install``).
         """
 
         def __init__(self, *a, **k):
@@ -68,6 +73,7 @@ def _make_scheduler_class():
             self._cal_buf: list[str] = []
             self._cal_step = 0
             self._cal_rows: dict[int, dict] = {}
+            runner_parts.install()
 
         def add_request(self, request):
             self._cal_buf.append(json.dumps({"event": "add", "request_id": request.request_id,
@@ -78,6 +84,7 @@ def _make_scheduler_class():
             t0 = time.monotonic()
             out = super().schedule()
             t1 = time.monotonic()
+            runner_parts.take()  # drop anything the runner timed outside a step (warm-up, profiling)
             if out.total_num_scheduled_tokens > 0:
                 chunks, sampled_ids, npf, nd = step_chunks(out.num_scheduled_tokens, self.requests)
                 row = {"event": "step", "step": self._cal_step, "schedule_start_s": t0, "schedule_end_s": t1,
@@ -91,7 +98,9 @@ def _make_scheduler_class():
             t2 = time.monotonic()
             row = self._cal_rows.pop(id(scheduler_output), None)
             outputs = super().update_from_output(scheduler_output, model_runner_output)
+            parts = runner_parts.take()
             if row is not None:
+                row.update(parts)
                 row["update_start_s"] = t2
                 row["update_end_s"] = time.monotonic()
                 row["busy_after"] = bool(self.has_requests())

@@ -144,24 +144,28 @@ def scaled_host_costs(host: dict[str, float], scale: float) -> dict[str, float]:
     return {k: (float(v) * scale if k.endswith("_s") else v) for k, v in host.items()}
 
 
+#: HostCosts fields the ``measured`` host-cost variant takes from the CPU profile (the engine loop's own code)
+MEASURED_HOST_FIELDS = ("schedule_base_s", "schedule_per_req_s", "update_base_s", "update_per_req_s",
+                        "engine_loop_s", "frontend_output_s", "ingest_s")
+
+
 def measured_host_costs(profile: str = MEASURED_PROFILE) -> dict[str, float] | None:
     """The host costs measured by ``dlfp calibrate`` (the ``host`` block of hardware profile ``profile``).
 
-    Only the fields the calibration measures are returned (schedule, update,
-    frontend, ingest): on the CPU, input preparation, launch and sampling are
-    inside the measured device step and recorded as 0 (``dlfp.studies.calibration.HOST_ZERO``),
-    so they are not a measurement of those costs and the GPU model's values are kept.
-    Returns None when the profile does not exist or has no host block.
+    Only the engine-loop fields are returned (``MEASURED_HOST_FIELDS``: schedule, update, the engine loop,
+    frontend, ingest): they are the same Python code on a GPU server. The model runner's fields (input
+    preparation, bookkeeping) measured on the CPU include CPU tensor work a GPU does not do there, and launch
+    and sampler launch do not exist on the CPU (``dlfp.studies.calibration.HOST_ZERO``), so the GPU model's
+    values are kept for those. Returns None when the profile does not exist or has no host block.
     """
     from dlfp.devices import roofline as cm
-    from dlfp.studies.calibration import HOST_ZERO
 
     try:
         gpu = cm.load_gpu(profile)
     except cm.CostModelError:
         return None
     host = dict(gpu.host or {})
-    out = {k: float(v) for k, v in host.items() if k not in HOST_ZERO}
+    out = {k: float(host[k]) for k in MEASURED_HOST_FIELDS if k in host}
     return out or None
 
 

@@ -1,0 +1,189 @@
+"""The audit of ``dlfp validate-sim``: every error against its target, beside the real engine's run-to-run noise.
+
+Per validation workload (an experiment with real-engine traces), per arm:
+
+* ``audit_errors``: the seed-mean relative error ``sim / real - 1`` of each metric of
+  ``dlfp.studies.validation.METRICS`` (targets: 10 % for P50 ITL and TTFT, 20 % for P99 ITL, TTFT, E2EL);
+* ``audit_effects``: the paired effect of each controller arm against the baseline (``arm / baseline - 1``),
+  per seed, on P99 ITL and P99 TTFT, real against simulated; target: within ``EFFECT_TARGET_PP`` (10)
+  percentage points.
+
+The run-to-run noise comes from replicate trials: the same (experiment, arm, seed) run a second time on the
+real engine (``dlfp.studies.validation.REPLICATES``). The noise of a metric is the largest
+``|replicate / original - 1|`` over the replicated arms of that workload; the noise of an effect is the change
+of the effect when both arms are replaced by their replicates (in points). A target is MISSED when the error
+exceeds it; it is missed BEYOND NOISE when the error exceeds target + noise. ``dlfp validate-sim`` exits 1
+when any target is missed beyond noise.
+
+Inputs are ``{(arm, seed): Trial}`` maps; outputs are DataFrames (fractions, seconds).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from dlfp.analysis.metrics import summarize
+from dlfp.traces.format import Trial
+
+#: the effect target: simulated and real paired change within this many percentage points, per seed
+EFFECT_TARGET_PP = 10.0
+#: metrics of the effect target (summarize keys)
+EFFECT_METRICS = {"itl_p99": "itl_p99_s", "ttft_p99": "ttft_p99_s"}
+
+TrialMap = Mapping[tuple[str, int], Trial]
+
+
+def _summ(trials: TrialMap) -> dict[tuple[str, int], dict]:
+    return {k: summarize(t) for k, t in trials.items()}
+
+
+def metric_noise(real: TrialMap, replicates: TrialMap) -> dict[str, float]:
+    """``{metric: largest |replicate / original - 1|}`` over the replicated (arm, seed) pairs; NaN without any.
+
+    Metrics: those of ``dlfp.studies.validation.METRICS``.
+    """
+    from dlfp.studies.validation import METRICS, rel_error
+
+    out = {}
+    keys = [k for k in replicates if k in real]
+    sr, sp = _summ({k: real[k] for k in keys}), _summ({k: replicates[k] for k in keys})
+    for m, (col, _) in METRICS.items():
+        vals = [abs(rel_error(sr[k][col], sp[k][col])) for k in keys]
+        vals = [v for v in vals if math.isfinite(v)]
+        out[m] = max(vals) if vals else math.nan
+    return out
+
+
+def effect_noise(real: TrialMap, replicates: TrialMap, baseline: str = "baseline") -> dict[str, float]:
+    """``{metric: |effect with both arms replicated - effect of the originals|}`` in percentage points.
+
+    Over every replicated arm whose baseline of the same seed is replicated too; NaN without such a pair.
+    """
+    out = {}
+    pairs = [(a, s) for a, s in replicates if a != baseline and (baseline, s) in replicates
+             and (a, s) in real and (baseline, s) in real]
+    for m, col in EFFECT_METRICS.items():
+        vals = []
+        for a, s in pairs:
+            e0 = summarize(real[(a, s)])[col] / summarize(real[(baseline, s)])[col] - 1
+            e1 = summarize(replicates[(a, s)])[col] / summarize(replicates[(baseline, s)])[col] - 1
+            vals.append(abs(e1 - e0) * 100)
+        out[m] = max(vals) if vals else math.nan
+    return out
+
+
+def audit_errors(experiment: str, real: TrialMap, sim: TrialMap, noise: Mapping[str, float]) -> pd.DataFrame:
+    """Seed-mean errors of one workload against the targets and the noise.
+
+    Columns: ``experiment``, ``arm``, ``metric``, ``real_s``, ``sim_s``, ``error`` (fraction), ``target``,
+    ``noise`` (fraction, NaN when no replicate), ``met`` (|error| <= target), ``beyond_noise``
+    (|error| > target + noise, noise 0 when unknown).
+    """
+    from dlfp.studies.validation import METRICS, error_table
+
+    err = error_table(real, sim)
+    rows = []
+    for _, r in err[err["seed"] == "mean"].iterrows():
+        for m, (_, target) in METRICS.items():
+            e = float(r[f"{m}_err"])
+            nz = float(noise.get(m, math.nan))
+            ok = math.isfinite(e) and abs(e) <= target
+            beyond = (not math.isfinite(e)) or abs(e) > target + (nz if math.isfinite(nz) else 0.0)
+            rows.append({"experiment": experiment, "arm": r["arm"], "metric": m, "real_s": r[f"{m}_real_s"],
+                         "sim_s": r[f"{m}_sim_s"], "error": e, "target": target, "noise": nz, "met": ok,
+                         "beyond_noise": beyond})
+    return pd.DataFrame(rows)
+
+
+def audit_effects(experiment: str, real: TrialMap, sim: TrialMap, noise_pp: Mapping[str, float],
+                  baseline: str = "baseline") -> pd.DataFrame:
+    """Paired effects of every non-baseline arm, per seed (and the seed mean), real against simulated.
+
+    Columns: ``experiment``, ``arm``, ``metric`` (``itl_p99`` / ``ttft_p99``), ``seed`` (or ``mean``),
+    ``real_change``, ``sim_change`` (fractions), ``diff_pp`` (sim - real, points), ``same_sign``,
+    ``target_pp``, ``noise_pp``, ``met`` (|diff| <= target), ``beyond_noise`` (|diff| > target + noise).
+    """
+    rows = []
+    arms = sorted({a for a, _ in real if a != baseline})
+    for arm in arms:
+        seeds = sorted({s for a, s in real if a == arm} & {s for a, s in real if a == baseline})
+        seeds = [s for s in seeds if (arm, s) in sim and (baseline, s) in sim]
+        for m, col in EFFECT_METRICS.items():
+            per = []
+            for s in seeds:
+                rc = summarize(real[(arm, s)])[col] / summarize(real[(baseline, s)])[col] - 1
+                sc = summarize(sim[(arm, s)])[col] / summarize(sim[(baseline, s)])[col] - 1
+                per.append((str(s), rc, sc))
+            if per:
+                per.append(("mean", float(np.mean([p[1] for p in per])), float(np.mean([p[2] for p in per]))))
+            nz = float(noise_pp.get(m, math.nan))
+            for seed, rc, sc in per:
+                d = (sc - rc) * 100
+                rows.append({"experiment": experiment, "arm": arm, "metric": m, "seed": seed, "real_change": rc,
+                             "sim_change": sc, "diff_pp": d, "same_sign": bool(np.sign(rc) == np.sign(sc)),
+                             "target_pp": EFFECT_TARGET_PP, "noise_pp": nz, "met": abs(d) <= EFFECT_TARGET_PP,
+                             "beyond_noise": abs(d) > EFFECT_TARGET_PP + (nz if math.isfinite(nz) else 0.0)})
+    return pd.DataFrame(rows)
+
+
+def three_way(real: TrialMap, emu: TrialMap, sim: TrialMap, experiment: str) -> pd.DataFrame:
+    """Real engine, emulator (vLLM's real loop over the modelled device) and simulator, seed means per arm.
+
+    Columns: ``experiment``, ``arm``, ``metric``, ``real_s``, ``emu_s``, ``sim_s``, ``emu_error``,
+    ``sim_error`` (against real), ``sim_vs_emu`` (``sim / emu - 1``: the engine model's own error, since the
+    two share the device model). Only (arm, seed) pairs present in all three are used.
+    """
+    from dlfp.studies.validation import METRICS, rel_error
+
+    keys = sorted(set(real) & set(emu) & set(sim))
+    sr, se, ss = _summ({k: real[k] for k in keys}), _summ({k: emu[k] for k in keys}), _summ({k: sim[k] for k in keys})
+    rows = []
+    for arm in sorted({a for a, _ in keys}):
+        ks = [k for k in keys if k[0] == arm]
+        for m, (col, _) in METRICS.items():
+            r = float(np.mean([sr[k][col] for k in ks]))
+            e = float(np.mean([se[k][col] for k in ks]))
+            s = float(np.mean([ss[k][col] for k in ks]))
+            rows.append({"experiment": experiment, "arm": arm, "metric": m, "real_s": r, "emu_s": e, "sim_s": s,
+                         "emu_error": rel_error(r, e), "sim_error": rel_error(r, s), "sim_vs_emu": rel_error(e, s)})
+    return pd.DataFrame(rows)
+
+
+def audit_markdown(errors: pd.DataFrame, effects: pd.DataFrame) -> str:
+    """The audit as Markdown: one error table (ms, %) and one effect table (per seed, points)."""
+    lines = ["| workload | arm | metric | real (ms) | sim (ms) | error | target | noise | met |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for _, r in errors.iterrows():
+        nz = "n/a" if not math.isfinite(r["noise"]) else f"{r['noise'] * 100:.1f} %"
+        verdict = "yes" if r["met"] else ("no, within noise" if not r["beyond_noise"] else "NO")
+        lines.append(f"| {r['experiment']} | {r['arm']} | {r['metric']} | {r['real_s'] * 1e3:.1f} | "
+                     f"{r['sim_s'] * 1e3:.1f} | {r['error'] * 100:+.1f} % | {r['target'] * 100:.0f} % | {nz} | "
+                     f"{verdict} |")
+    if len(effects):
+        lines += ["", "| workload | arm | metric | seed | real change | sim change | sim - real | target | noise | "
+                  "met |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+        for _, r in effects.iterrows():
+            nz = "n/a" if not math.isfinite(r["noise_pp"]) else f"{r['noise_pp']:.1f} pp"
+            verdict = "yes" if r["met"] else ("no, within noise" if not r["beyond_noise"] else "NO")
+            lines.append(f"| {r['experiment']} | {r['arm']} | {r['metric']} | {r['seed']} | "
+                         f"{r['real_change'] * 100:+.1f} % | {r['sim_change'] * 100:+.1f} % | "
+                         f"{r['diff_pp']:+.1f} pp | {r['target_pp']:.0f} pp | {nz} | {verdict} |")
+    return "\n".join(lines)
+
+
+def three_way_markdown(tw: pd.DataFrame) -> str:
+    """The three-way table as Markdown (ms and %)."""
+    lines = ["| workload | arm | metric | real (ms) | emu (ms) | sim (ms) | emu error | sim error | sim vs emu |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for _, r in tw.iterrows():
+        lines.append(f"| {r['experiment']} | {r['arm']} | {r['metric']} | {r['real_s'] * 1e3:.1f} | "
+                     f"{r['emu_s'] * 1e3:.1f} | {r['sim_s'] * 1e3:.1f} | {r['emu_error'] * 100:+.1f} % | "
+                     f"{r['sim_error'] * 100:+.1f} % | {r['sim_vs_emu'] * 100:+.1f} % |")
+    return "\n".join(lines)
+
+
+__all__ = ["EFFECT_METRICS", "EFFECT_TARGET_PP", "audit_effects", "audit_errors", "audit_markdown", "effect_noise",
+           "metric_noise", "three_way", "three_way_markdown"]
