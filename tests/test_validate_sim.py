@@ -210,11 +210,18 @@ def test_shipped_fidelity_tables_regenerate_from_the_shipped_traces(tmp_path):
     from dlfp.paths import REPO_ROOT
 
     shipped = REPO_ROOT / "data" / "results" / "fidelity"
-    # the replicate trials live beside the tables; the run record is not an output
-    import shutil
-
-    shutil.copytree(shipped / vs.REPLICATE_DIR, tmp_path / vs.REPLICATE_DIR)
-    status = vs.main_validate(["--out", str(tmp_path)])
+    status = vs.main_validate(["--out", str(tmp_path)])  # the replicates are read from the shipped folder
     assert status in (0, 1)  # 1: some target is missed beyond noise (the audit says which)
     for name in ("audit_errors.csv", "effects.csv", "errors.csv", "noise.csv", "fidelity.md"):
         assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_reproduce_shows_the_audit_as_written():
+    """REPRODUCE.md carries `fidelity/fidelity.md` verbatim between its markers: no number typed by hand."""
+    from dlfp.paths import REPO_ROOT
+
+    text = (REPO_ROOT / "REPRODUCE.md").read_text()
+    begin, end = "<!-- begin data/results/fidelity/fidelity.md -->\n", "<!-- end data/results/fidelity/fidelity.md -->"
+    assert begin in text and end in text
+    block = text.split(begin, 1)[1].split(end, 1)[0]
+    assert block == (REPO_ROOT / "data" / "results" / "fidelity" / "fidelity.md").read_text()

@@ -326,8 +326,10 @@ def _seeds_arg(text: str) -> list[int]:
 
 #: the validation workloads: real-engine experiments on this CPU (the calibration grid never saw them)
 VALIDATION_EXPERIMENTS = ("cpu-tiny", "cpu-tiny-r0.25", "cpu-tiny-long-prompt")
-#: where the replicate trials (run-to-run noise) of the real engine are kept, under the output directory
+#: where the replicate trials (run-to-run noise) of the real engine are kept, under the default output directory
 REPLICATE_DIR = "replicates"
+#: the default fidelity directory: tables, figures, the replicate trials and the real runs' machine record
+FIDELITY_DIR = REPO / "data" / "results" / "fidelity"
 
 
 def _experiments_arg(text: str) -> list[str]:
@@ -345,7 +347,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--experiment", default=None, help="one validation workload (same as --experiments NAME)")
     ap.add_argument("--traces", default=str(REPO / "data" / "traces"), help="trace root with <backend>/<experiment>/")
     ap.add_argument("--backend", default="vllm", type=_backend_arg, help="backend of the real traces (default vllm)")
-    ap.add_argument("--out", default=str(REPO / "data" / "results" / "fidelity"), help="output directory")
+    ap.add_argument("--out", default=str(FIDELITY_DIR), help="output directory")
+    ap.add_argument("--replicates", default=str(FIDELITY_DIR / REPLICATE_DIR),
+                    help="trace root of the replicate real-engine trials (the run-to-run noise)")
     ap.add_argument("--run-real", action="store_true",
                     help="run missing real trials (and the replicates) on the vLLM engine first (needs vllm 0.17.1), "
                          "each on a quiet machine")
@@ -457,10 +461,10 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
             load_experiment(exp)  # an unknown experiment is named (with the known ones) before anything runs
         for exp in experiments:
             if a.run_real:
-                _run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=out / REPLICATE_DIR,
+                _run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=a.replicates,
                           allow_loaded=a.allow_loaded)
             real, sim = _real_and_simulated(a, exp)
-            rep = {k: v for k, v in load_real(out / REPLICATE_DIR, exp, a.backend).items() if k in real}
+            rep = {k: v for k, v in load_real(a.replicates, exp, a.backend).items() if k in real}
             emu = {k: v for k, v in load_real(a.traces, exp, "emu").items() if k in real}
             results[exp] = {"real": real, "sim": sim, "replicates": rep, "emu": emu}
     except (ValidationError, ConfigError, MachineBusy) as e:
