@@ -218,10 +218,14 @@ def test_shipped_cpu_profile_feeds_the_simulator():
     assert isinstance(dm, cm.FittedDeviceModel)
     for k, v in prof["host"].items():
         assert getattr(host, k) == pytest.approx(v), k
-    # a decode-only step of 1 sequence at context 1: the sum of the fitted terms
+    # a decode-only step of 1 sequence at context 1: the sum of the fitted terms, plus the LM head of 1 row
     c = prof["fitted"]
+    head1 = dict(zip(c.get("lm_head_rows", []), c.get("lm_head_s", []))).get(1, 0.0)
     assert dm.time(1, 1, 1.0, 0.0)[0] == pytest.approx(c["step_s"] + c["per_token_s"] + c["per_sampled_s"]
-                                                       + c["per_attn_pair_s"])
+                                                       + c["per_attn_pair_s"] + head1)
+    if c.get("lm_head_rows"):  # the measured table: 3 rows of the LM head take longer than 4 on this CPU
+        head = dict(zip(c["lm_head_rows"], c["lm_head_s"]))
+        assert head[3] > head[4]
 
 
 def test_default_grid_spans_decode_batches_chunks_and_contexts():
