@@ -31,6 +31,7 @@ import pandas as pd
 
 from dlfp.analysis.metrics import itl_samples, summarize
 from dlfp.paths import REPO_ROOT as REPO
+from dlfp.studies.validation_runs import REPLICATES, RUN_RECORD, run_real
 from dlfp.traces.format import Trial
 
 #: metric name -> (summarize key, |relative error| target)
@@ -409,7 +410,8 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
         errs.append(e)
         mn, en = va.metric_noise(real, rep), va.effect_noise(real, rep)
         noises.append({"experiment": exp, "replicates": len([k for k in rep if k in real]),
-                       **{f"{m}_noise": v for m, v in mn.items()}, **{f"{m}_effect_noise_pp": v for m, v in en.items()}})
+                       **{f"{m}_noise": v for m, v in mn.items()},
+                       **{f"{m}_effect_noise_pp": v for m, v in en.items()}})
         audits.append(va.audit_errors(exp, real, sim, mn))
         effs.append(va.audit_effects(exp, real, sim, en))
         att = attribution(real, sim)
@@ -461,7 +463,7 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
             load_experiment(exp)  # an unknown experiment is named (with the known ones) before anything runs
         for exp in experiments:
             if a.run_real:
-                _run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=a.replicates,
+                run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=a.replicates,
                           allow_loaded=a.allow_loaded)
             real, sim = _real_and_simulated(a, exp)
             rep = {k: v for k, v in load_real(a.replicates, exp, a.backend).items() if k in real}
@@ -480,65 +482,6 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
     for m in missed:
         print(f"dlfp validate-sim: target missed beyond noise: {m}", file=sys.stderr)
     return 1 if missed else 0
-
-
-#: the (arm, seed) pairs of each validation workload that run twice, for the run-to-run noise of the real engine
-REPLICATES: tuple[tuple[str, int], ...] = (("baseline", 801), ("dlfp", 801))
-#: where the real-engine runs' machine records go (one JSON line per trial, appended)
-RUN_RECORD = "real_runs.jsonl"
-
-
-def _run_one_real(cfg, arm: str, seed: int, root: str | Path, record: Path | None, allow_loaded: bool,
-                  replicate: bool = False) -> None:
-    """One real-engine trial under ``QuietMonitor``, written under ``root``; its machine record appended.
-
-    Raises:
-        MachineBusy: the machine is loaded at the start (unless ``allow_loaded``).
-    """
-    import json
-
-    from dlfp.backends.vllm.runner import run_trial
-    from dlfp.studies.calibration.quiet import QuietMonitor
-    from dlfp.traces.format import write_trial
-
-    with QuietMonitor(allow_loaded=allow_loaded) as mon:
-        trial = run_trial(cfg, arm, seed)
-    write_trial(trial, root)
-    if record is not None:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        with open(record, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"experiment": cfg.name, "arm": arm, "seed": seed, "replicate": replicate,
-                                **mon.report.as_dict()}) + "\n")
-    r = mon.report
-    print(f"  validate-sim: {cfg.name}/{arm}/seed-{seed}{' (replicate)' if replicate else ''}: {r.verdict}, "
-          f"load {r.load_start[0]:.2f} -> {r.load_end[0]:.2f}, other processes {r.foreign_mean:.2f} cores",
-          file=sys.stderr, flush=True)
-
-
-def _run_real(experiment: str, root: str | Path, seeds: Sequence[int] | None = None, *,
-              record: Path | None = None, replicate_root: str | Path | None = None,
-              allow_loaded: bool = False) -> None:
-    """Run every (arm, seed) of ``experiment`` on the vLLM backend that has no complete trace yet.
-
-    Each trial runs under ``dlfp.studies.calibration.quiet.QuietMonitor`` (refused on a loaded machine unless
-    ``allow_loaded``); ``record`` gets one JSON line per trial with the load seen. With ``replicate_root``, the
-    pairs of ``REPLICATES`` run a second time into that root (the run-to-run noise).
-    """
-    from dlfp.config import load_experiment
-    from dlfp.traces.format import is_complete, trial_dir
-
-    cfg = load_experiment(experiment)
-    for seed in seeds or cfg.seeds:
-        for arm in cfg.arms:
-            if is_complete(trial_dir(root, "vllm", experiment, arm, seed)):
-                continue
-            print(f"  validate-sim: running {experiment}/{arm}/seed-{seed} on vLLM", file=sys.stderr, flush=True)
-            _run_one_real(cfg, arm, seed, root, record, allow_loaded)
-    if replicate_root is None:
-        return
-    for arm, seed in REPLICATES:
-        if arm in cfg.arms and not is_complete(trial_dir(replicate_root, "vllm", experiment, arm, seed)):
-            _run_one_real(cfg, arm, seed, replicate_root, record, allow_loaded, replicate=True)
 
 
 __all__ = ["METRICS", "ValidationError", "attribution", "cap_trajectories", "cap_trajectory_overlay_figure",

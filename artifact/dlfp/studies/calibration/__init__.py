@@ -61,8 +61,8 @@ from __future__ import annotations
 from dlfp.studies.calibration.cli import main_calibrate
 from dlfp.studies.calibration.features import DEVICE_TERMS, CalibrationError, chunk_counts, design_matrix, \
     predict_execute
-from dlfp.studies.calibration.fit import HOST_ZERO, FitResult, fit_device, fit_device_parts, fit_host, fit_linear_host, \
-    residual_stats
+from dlfp.studies.calibration.fit import HOST_ZERO, FitResult, fit_device, fit_device_parts, fit_host, \
+    fit_linear_host, residual_stats
 from dlfp.studies.calibration.grid import Phase, default_grid, run_grid
 from dlfp.studies.calibration.measurements import assemble, load_measurements, read_calibration_log, \
     save_measurements, steps_from_log
@@ -73,6 +73,7 @@ from dlfp.studies.calibration.scheduler import ENV_LOG, SCHEDULER_CLS
 
 __all__ = ["CalibrationError", "DEFAULT_KEY", "DEFAULT_PROFILE", "DEVICE_TERMS", "ENV_LOG", "FitResult", "HOST_ZERO",
            "Phase", "SCHEDULER_CLS", "assemble", "calibrate", "chunk_counts", "coefficient_table", "default_grid",
-           "design_matrix", "fit_device", "fit_device_parts", "fit_host", "fit_linear_host", "load_measurements", "load_profile",
+           "design_matrix", "fit_device", "fit_device_parts", "fit_host", "fit_linear_host", "load_measurements",
+           "load_profile",
            "machine_description", "main_calibrate", "make_profile", "predict_execute", "read_calibration_log",
            "residual_figure", "residual_stats", "run_grid", "save_measurements", "steps_from_log", "write_profile"]
