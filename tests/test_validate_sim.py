@@ -133,7 +133,9 @@ def test_cap_trajectories_and_figures():
     assert len(lines) == 3  # real, sim, and the P99 guide line
     # the real CDF ends at the largest gap (20 ms) with probability 1
     assert lines[0].get_xdata()[-1] == pytest.approx(20.0) and lines[0].get_ydata()[-1] == 1.0
-    md = vs.fidelity_markdown(vs.error_table(real, sim), vs.dlfp_effect(real, sim))
+    from dlfp.studies import validation_audit as va
+
+    md = va.audit_markdown(va.audit_errors("x", real, sim, {}), va.audit_effects("x", real, sim, {}))
     assert "| dlfp | itl_p99 |" in md
 
 

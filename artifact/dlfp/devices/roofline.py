@@ -32,6 +32,7 @@ Units: seconds, bytes, FLOPs, joules, watts.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
@@ -259,12 +260,10 @@ class FittedCosts:
             return 0.0
         if len(r) == 1:
             return t[0] * rows / r[0]
-        if rows <= r[0]:
-            return max(0.0, t[0] + (t[1] - t[0]) * (rows - r[0]) / (r[1] - r[0])) if rows < r[0] else t[0]
-        for i in range(1, len(r)):
-            if rows <= r[i]:
-                return t[i - 1] + (t[i] - t[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1])
-        return t[-1] + (t[-1] - t[-2]) * (rows - r[-1]) / (r[-1] - r[-2])
+        if rows > r[-1]:  # beyond the table: the last slope, from the last point
+            return t[-1] + (t[-1] - t[-2]) * (rows - r[-1]) / (r[-1] - r[-2])
+        i = max(bisect_left(r, rows), 1)  # the segment [r[i-1], r[i]] holding rows (the first one below the table)
+        return max(0.0, t[i - 1] + (t[i] - t[i - 1]) * (rows - r[i - 1]) / (r[i] - r[i - 1]))
 
     def time(self, tokens: float, rows: float, attn_pairs: float, kv_read_tokens: float) -> float:
         """Device time (s) of one step (see the class docstring); 0 for an empty step."""
@@ -306,17 +305,20 @@ class FittedDeviceModel(DeviceModel):
         """
         return self.c.time(tokens, sampled, attn_pairs, kv_read_tokens), float("nan")
 
+    def _rows(self, num_requests: int, sampled: int) -> int:
+        """The row count of ``FittedCosts.time``: requests with an LM-head table, sampled tokens without."""
+        return num_requests if self._rows_are_requests else sampled
+
     def time_scheduled(self, entries, feats) -> tuple[float, float]:
         """Device time (s) of a simulator schedule (``entries``, ``scheduled_features``); utilisation NaN."""
         tokens, sampled, pairs, kv = feats[0], feats[1], feats[2], feats[3]
-        rows = len(entries) if self._rows_are_requests else sampled
-        return self.c.time(tokens, rows, pairs, kv), float("nan")
+        return self.c.time(tokens, self._rows(len(entries), sampled), pairs, kv), float("nan")
 
     def time_batch(self, batch: Batch) -> tuple[float, float]:
         """Device time (s) of a ``Batch``; its rows are its prefill chunks and decodes (with an LM-head table)."""
         tokens, sampled, pairs, kv = batch_counts(batch)
-        rows = len(batch.prefill) + len(batch.decodes) if self._rows_are_requests else sampled
-        return self.c.time(tokens, rows, pairs, kv), float("nan")
+        return self.c.time(tokens, self._rows(len(batch.prefill) + len(batch.decodes), sampled), pairs, kv), \
+            float("nan")
 
     def breakdown(self, batch: Batch) -> Breakdown:
         """Parts: ``linear_s`` = per-token + per-row terms and the LM head, ``attention_s`` = pair + KV terms,
@@ -325,7 +327,7 @@ class FittedDeviceModel(DeviceModel):
         if tokens <= 0:
             return Breakdown(0, 0, 0, 0, 0, 0, 0, 0, 0)
         c = self.c
-        rows = len(batch.prefill) + len(batch.decodes) if self._rows_are_requests else sampled
+        rows = self._rows(len(batch.prefill) + len(batch.decodes), sampled)
         lin = c.per_token_s * tokens + c.per_sampled_s * rows + c.lm_head(rows)
         att = c.per_attn_pair_s * pairs + c.per_kv_token_s * kv
         total = lin + att + c.step_s

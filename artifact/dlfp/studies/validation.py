@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from dlfp.analysis.markdown import atomic_write
 from dlfp.analysis.metrics import itl_samples, summarize
 from dlfp.paths import REPO_ROOT as REPO
 from dlfp.studies.validation_runs import REPLICATES, RUN_RECORD, run_real
@@ -290,21 +291,6 @@ def cap_trajectory_overlay_figure(real: TrialMap, sim: TrialMap, arm: str = "dlf
 
 
 # ----------------------------------------------------------------------------------------------- report
-def fidelity_markdown(errors: pd.DataFrame, effect: pd.DataFrame) -> str:
-    """A Markdown table of the seed-mean errors per arm (ms and %), targets, and the DLFP effect lines."""
-    lines = ["| arm | metric | real (ms) | sim (ms) | error | target | met |", "|---|---|---:|---:|---:|---:|---|"]
-    for _, r in errors[errors["seed"] == "mean"].iterrows():
-        for m, (_, target) in METRICS.items():
-            lines.append(f"| {r['arm']} | {m} | {r[f'{m}_real_s'] * 1e3:.1f} | {r[f'{m}_sim_s'] * 1e3:.1f} | "
-                         f"{r[f'{m}_err'] * 100:+.1f} % | {target * 100:.0f} % | {'yes' if r[f'{m}_ok'] else 'NO'} |")
-    if len(effect):
-        lines += ["", "| seed | DLFP effect on P99 ITL, real | sim | same sign |", "|---|---:|---:|---|"]
-        for _, r in effect.iterrows():
-            lines.append(f"| {r['seed']} | {r['real_change'] * 100:+.1f} % | {r['sim_change'] * 100:+.1f} % | "
-                         f"{'yes' if r['same_sign'] else 'NO'} |")
-    return "\n".join(lines)
-
-
 def _backend_arg(text: str) -> str:
     """``--backend``: a registered backend name (``dlfp.backends.BACKENDS``)."""
     from dlfp.backends import BACKENDS
@@ -381,16 +367,9 @@ def _real_and_simulated(a: argparse.Namespace, experiment: str) -> tuple[dict[tu
     return real, {k: simulate_like(t, over) for k, t in real.items()}
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(path)
+def _write_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df`` as CSV at ``path``, atomically (``dlfp.analysis.markdown.atomic_write``)."""
+    atomic_write(path, df.to_csv(index=False))
 
 
 def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -399,6 +378,7 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
     ``results``: ``{experiment: {"real", "sim", "replicates", "emu"}}`` (trial maps; the last two may be empty).
     Returns the audit tables ``(errors, effects)``.
     """
+    from dlfp.analysis.figures import atomic_savefig
     from dlfp.studies import validation_audit as va
 
     out.mkdir(parents=True, exist_ok=True)
@@ -406,13 +386,12 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
     for exp, r in results.items():
         real, sim, rep, emu = r["real"], r["sim"], r["replicates"], r["emu"]
         e = error_table(real, sim)
-        e.insert(0, "experiment", exp)
-        errs.append(e)
+        errs.append(e.assign(experiment=exp)[["experiment", *e.columns]])
         mn, en = va.metric_noise(real, rep), va.effect_noise(real, rep)
         noises.append({"experiment": exp, "replicates": len([k for k in rep if k in real]),
                        **{f"{m}_noise": v for m, v in mn.items()},
                        **{f"{m}_effect_noise_pp": v for m, v in en.items()}})
-        audits.append(va.audit_errors(exp, real, sim, mn))
+        audits.append(va.audit_errors(exp, real, sim, mn, errors=e))
         effs.append(va.audit_effects(exp, real, sim, en))
         att = attribution(real, sim)
         if len(att):
@@ -422,24 +401,24 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
             tws.append(va.three_way(real, emu, sim, exp))
     err, aud, eff = pd.concat(errs, ignore_index=True), pd.concat(audits, ignore_index=True), \
         pd.concat(effs, ignore_index=True)
-    _atomic_csv(err, out / "errors.csv")
-    _atomic_csv(aud, out / "audit_errors.csv")
-    _atomic_csv(eff, out / "effects.csv")
-    _atomic_csv(pd.DataFrame(noises), out / "noise.csv")
+    _write_csv(err, out / "errors.csv")
+    _write_csv(aud, out / "audit_errors.csv")
+    _write_csv(eff, out / "effects.csv")
+    _write_csv(pd.DataFrame(noises), out / "noise.csv")
     if atts:
-        _atomic_csv(pd.concat(atts, ignore_index=True), out / "attribution.csv")
+        _write_csv(pd.concat(atts, ignore_index=True), out / "attribution.csv")
     md = va.audit_markdown(aud, eff)
     if tws:
         tw = pd.concat(tws, ignore_index=True)
-        _atomic_csv(tw, out / "three_way.csv")
+        _write_csv(tw, out / "three_way.csv")
         md += "\n\nReal engine, emulator (vLLM's real loop over the fitted CPU device) and simulator:\n\n" + \
             va.three_way_markdown(tw)
-    _atomic_text(out / "fidelity.md", md + "\n")
+    atomic_write(out / "fidelity.md", md + "\n")
     first = next(iter(results))
     real, sim = results[first]["real"], results[first]["sim"]
-    _atomic_csv(cap_trajectories(real, sim), out / "cap_trajectories.csv")
-    itl_cdf_overlay_figure(real, sim).savefig(out / "itl_cdf_overlay.png", dpi=120)
-    cap_trajectory_overlay_figure(real, sim).savefig(out / "cap_trajectories.png", dpi=120)
+    _write_csv(cap_trajectories(real, sim), out / "cap_trajectories.csv")
+    atomic_savefig(itl_cdf_overlay_figure(real, sim), out / "itl_cdf_overlay.png", "png", dpi=120)
+    atomic_savefig(cap_trajectory_overlay_figure(real, sim), out / "cap_trajectories.png", "png", dpi=120)
     print(md)
     return aud, eff
 
@@ -485,7 +464,7 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["METRICS", "ValidationError", "attribution", "cap_trajectories", "cap_trajectory_overlay_figure",
-           "decode_step_fit", "dlfp_effect", "error_table", "fidelity_markdown", "itl_cdf_overlay_figure",
+           "decode_step_fit", "dlfp_effect", "error_table", "itl_cdf_overlay_figure",
            "load_real", "main_validate", "rel_error", "simulate_like", "step_parts", "summaries", "REPLICATES",
            "VALIDATION_EXPERIMENTS"]
 

@@ -84,23 +84,35 @@ def effect_noise(real: TrialMap, replicates: TrialMap, baseline: str = "baseline
     return out
 
 
-def audit_errors(experiment: str, real: TrialMap, sim: TrialMap, noise: Mapping[str, float]) -> pd.DataFrame:
+def judge(miss: float, target: float, noise: float) -> tuple[bool, bool]:
+    """``(met, beyond_noise)`` of one miss (an error or an effect difference, in the target's unit).
+
+    ``met``: ``|miss| <= target``; ``beyond_noise``: ``|miss| > target + noise`` (an unknown, NaN, noise
+    counts as 0). A NaN miss is neither met nor within noise.
+    """
+    if not math.isfinite(miss):
+        return False, True
+    return abs(miss) <= target, abs(miss) > target + (noise if math.isfinite(noise) else 0.0)
+
+
+def audit_errors(experiment: str, real: TrialMap, sim: TrialMap, noise: Mapping[str, float],
+                 errors: pd.DataFrame | None = None) -> pd.DataFrame:
     """Seed-mean errors of one workload against the targets and the noise.
 
+    ``errors``: ``dlfp.studies.validation.error_table(real, sim)`` when the caller has it already.
+
     Columns: ``experiment``, ``arm``, ``metric``, ``real_s``, ``sim_s``, ``error`` (fraction), ``target``,
-    ``noise`` (fraction, NaN when no replicate), ``met`` (|error| <= target), ``beyond_noise``
-    (|error| > target + noise, noise 0 when unknown).
+    ``noise`` (fraction, NaN when no replicate), ``met`` and ``beyond_noise`` (``judge``).
     """
     from dlfp.studies.validation import METRICS, error_table
 
-    err = error_table(real, sim)
+    err = error_table(real, sim) if errors is None else errors
     rows = []
     for _, r in err[err["seed"] == "mean"].iterrows():
         for m, (_, target) in METRICS.items():
             e = float(r[f"{m}_err"])
             nz = float(noise.get(m, math.nan))
-            ok = math.isfinite(e) and abs(e) <= target
-            beyond = (not math.isfinite(e)) or abs(e) > target + (nz if math.isfinite(nz) else 0.0)
+            ok, beyond = judge(e, target, nz)
             rows.append({"experiment": experiment, "arm": r["arm"], "metric": m, "real_s": r[f"{m}_real_s"],
                          "sim_s": r[f"{m}_sim_s"], "error": e, "target": target, "noise": nz, "met": ok,
                          "beyond_noise": beyond})
@@ -111,30 +123,24 @@ def audit_effects(experiment: str, real: TrialMap, sim: TrialMap, noise_pp: Mapp
                   baseline: str = "baseline") -> pd.DataFrame:
     """Paired effects of every non-baseline arm, per seed (and the seed mean), real against simulated.
 
+    Each (arm, metric) is ``dlfp.studies.validation.dlfp_effect``, judged against ``EFFECT_TARGET_PP``.
     Columns: ``experiment``, ``arm``, ``metric`` (``itl_p99`` / ``ttft_p99``), ``seed`` (or ``mean``),
     ``real_change``, ``sim_change`` (fractions), ``diff_pp`` (sim - real, points), ``same_sign``,
-    ``target_pp``, ``noise_pp``, ``met`` (|diff| <= target), ``beyond_noise`` (|diff| > target + noise).
+    ``target_pp``, ``noise_pp``, ``met`` and ``beyond_noise`` (``judge``).
     """
+    from dlfp.studies.validation import dlfp_effect
+
     rows = []
-    arms = sorted({a for a, _ in real if a != baseline})
-    for arm in arms:
-        seeds = sorted({s for a, s in real if a == arm} & {s for a, s in real if a == baseline})
-        seeds = [s for s in seeds if (arm, s) in sim and (baseline, s) in sim]
+    for arm in sorted({a for a, _ in real if a != baseline}):
         for m, col in EFFECT_METRICS.items():
-            per = []
-            for s in seeds:
-                rc = summarize(real[(arm, s)])[col] / summarize(real[(baseline, s)])[col] - 1
-                sc = summarize(sim[(arm, s)])[col] / summarize(sim[(baseline, s)])[col] - 1
-                per.append((str(s), rc, sc))
-            if per:
-                per.append(("mean", float(np.mean([p[1] for p in per])), float(np.mean([p[2] for p in per]))))
             nz = float(noise_pp.get(m, math.nan))
-            for seed, rc, sc in per:
-                d = (sc - rc) * 100
-                rows.append({"experiment": experiment, "arm": arm, "metric": m, "seed": seed, "real_change": rc,
-                             "sim_change": sc, "diff_pp": d, "same_sign": bool(np.sign(rc) == np.sign(sc)),
-                             "target_pp": EFFECT_TARGET_PP, "noise_pp": nz, "met": abs(d) <= EFFECT_TARGET_PP,
-                             "beyond_noise": abs(d) > EFFECT_TARGET_PP + (nz if math.isfinite(nz) else 0.0)})
+            for r in dlfp_effect(real, sim, baseline, arm, col).itertuples():
+                d = r.size_error * 100
+                ok, beyond = judge(d, EFFECT_TARGET_PP, nz)
+                rows.append({"experiment": experiment, "arm": arm, "metric": m, "seed": r.seed,
+                             "real_change": r.real_change, "sim_change": r.sim_change, "diff_pp": d,
+                             "same_sign": bool(r.same_sign), "target_pp": EFFECT_TARGET_PP, "noise_pp": nz,
+                             "met": ok, "beyond_noise": beyond})
     return pd.DataFrame(rows)
 
 
@@ -161,25 +167,29 @@ def three_way(real: TrialMap, emu: TrialMap, sim: TrialMap, experiment: str) -> 
     return pd.DataFrame(rows)
 
 
+def _noise_and_verdict(noise: float, unit: str, met: bool, beyond: bool) -> str:
+    """The ``noise | met |`` cells of an audit row: the noise (``n/a`` when unknown) and the verdict."""
+    nz = "n/a" if not math.isfinite(noise) else f"{noise:.1f} {unit}"
+    verdict = "yes" if met else ("no, within noise" if not beyond else "NO")
+    return f"{nz} | {verdict} |"
+
+
 def audit_markdown(errors: pd.DataFrame, effects: pd.DataFrame) -> str:
     """The audit as Markdown: one error table (ms, %) and one effect table (per seed, points)."""
     lines = ["| workload | arm | metric | real (ms) | sim (ms) | error | target | noise | met |",
              "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for _, r in errors.iterrows():
-        nz = "n/a" if not math.isfinite(r["noise"]) else f"{r['noise'] * 100:.1f} %"
-        verdict = "yes" if r["met"] else ("no, within noise" if not r["beyond_noise"] else "NO")
         lines.append(f"| {r['experiment']} | {r['arm']} | {r['metric']} | {r['real_s'] * 1e3:.1f} | "
-                     f"{r['sim_s'] * 1e3:.1f} | {r['error'] * 100:+.1f} % | {r['target'] * 100:.0f} % | {nz} | "
-                     f"{verdict} |")
+                     f"{r['sim_s'] * 1e3:.1f} | {r['error'] * 100:+.1f} % | {r['target'] * 100:.0f} % | "
+                     + _noise_and_verdict(r["noise"] * 100, "%", r["met"], r["beyond_noise"]))
     if len(effects):
         lines += ["", "| workload | arm | metric | seed | real change | sim change | sim - real | target | noise | "
                   "met |", "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
         for _, r in effects.iterrows():
-            nz = "n/a" if not math.isfinite(r["noise_pp"]) else f"{r['noise_pp']:.1f} pp"
-            verdict = "yes" if r["met"] else ("no, within noise" if not r["beyond_noise"] else "NO")
             lines.append(f"| {r['experiment']} | {r['arm']} | {r['metric']} | {r['seed']} | "
                          f"{r['real_change'] * 100:+.1f} % | {r['sim_change'] * 100:+.1f} % | "
-                         f"{r['diff_pp']:+.1f} pp | {r['target_pp']:.0f} pp | {nz} | {verdict} |")
+                         f"{r['diff_pp']:+.1f} pp | {r['target_pp']:.0f} pp | "
+                         + _noise_and_verdict(r["noise_pp"], "pp", r["met"], r["beyond_noise"]))
     return "\n".join(lines)
 
 
@@ -195,4 +205,4 @@ def three_way_markdown(tw: pd.DataFrame) -> str:
 
 
 __all__ = ["EFFECT_METRICS", "EFFECT_TARGET_PP", "audit_effects", "audit_errors", "audit_markdown", "effect_noise",
-           "metric_noise", "three_way", "three_way_markdown"]
+           "judge", "metric_noise", "three_way", "three_way_markdown"]

@@ -77,14 +77,6 @@ def _measure(a: argparse.Namespace, mdir: Path) -> tuple[dict, dict]:
     return meas, machine
 
 
-def _write_csv(df, path: Path) -> None:
-    """``df`` as CSV at ``path``, atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
-
-
 def _bad_input_status(e: Exception, a: argparse.Namespace) -> int | None:
     """Print the one-line message of a bad-input error and return 2; None for an error that is not bad input."""
     from dlfp.backends import BackendUnavailable
@@ -128,7 +120,10 @@ def main_calibrate(argv: Sequence[str] | None = None) -> int:
     from dlfp.studies.calibration.profile import phase_table
 
     if not a.refit or Path(a.refit).resolve() == mdir.resolve():
-        _write_csv(phase_table(steps, prof["fit"]["grid"], prof["fit"]["grid"]["fit_target"]), mdir / "phases.csv")
+        from dlfp.analysis.markdown import atomic_write
+
+        atomic_write(mdir / "phases.csv",
+                     phase_table(steps, prof["fit"]["grid"], prof["fit"]["grid"]["fit_target"]).to_csv(index=False))
     figpath = Path(a.figure) if a.figure else mdir / "residuals.png"
     figpath.parent.mkdir(parents=True, exist_ok=True)
     residual_figure(steps).savefig(figpath, dpi=120)

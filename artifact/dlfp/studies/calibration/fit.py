@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from dlfp.studies.calibration.features import DEVICE_TERMS, CalibrationError, design_matrix
+from dlfp.studies.calibration.features import DEVICE_TERMS, CalibrationError, design_matrix, predict_execute
 
 #: HostCosts fields the CPU engine has no phase for (no kernel launch, no sampler launch: it is eager and
 #: synchronous): fixed at 0
@@ -119,8 +119,6 @@ def fit_device_parts(steps: pd.DataFrame) -> FitResult:
     Raises:
         CalibrationError: a part column is missing, or too few steps for a term.
     """
-    from dlfp.devices.roofline import FittedCosts
-
     for c in ("forward_s", "logits_s", "sample_s", "device_s", "num_scheduled"):
         if c not in steps:
             raise CalibrationError(f"steps: column {c!r} missing")
@@ -139,10 +137,8 @@ def fit_device_parts(steps: pd.DataFrame) -> FitResult:
     coef = {"step_s": float(f0 + s0), "per_token_s": float(f_tok), "per_sampled_s": float(s_row),
             "per_attn_pair_s": float(f_pair), "per_kv_token_s": float(f_kv),
             "lm_head_rows": [int(r) for r in counts.index], "lm_head_s": [float(v) for v in counts["median"]]}
-    fc = FittedCosts(**coef)
     y = steps["device_s"].to_numpy(float)
-    pred = np.array([fc.time(t, r, p, k) for t, r, p, k in zip(steps["tokens"], steps["num_scheduled"],
-                                                                steps["attn_pairs"], steps["kv_tokens"])])
+    pred = predict_execute(steps, coef)
     return FitResult(coef=coef, residuals=pred / y - 1.0, n=len(y), stats=residual_stats(y, pred))
 
 
@@ -152,10 +148,7 @@ def fit_linear_host(y: np.ndarray, x: np.ndarray, names: tuple[str, str]) -> dic
     Raises:
         CalibrationError: fewer than 2 points, or non-positive times.
     """
-    y = np.asarray(y, float)
-    X = np.column_stack([np.ones(len(y)), np.asarray(x, float)])
-    b = _nnls_relative(X, y)
-    return {names[0]: float(b[0]), names[1]: float(b[1])}
+    return _fit_linear_columns(y, np.column_stack([np.ones(len(x)), np.asarray(x, float)]), names)
 
 
 def _fit_linear_columns(y: np.ndarray, X: np.ndarray, names: Sequence[str]) -> dict[str, float]:

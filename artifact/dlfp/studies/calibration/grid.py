@@ -101,12 +101,13 @@ class _GridClient:
     """Sends the grid's requests to an ``AsyncLLM`` and records the client's times (``time.monotonic()``, s).
 
     ``sent``: ``{request id: send time}``; ``toks``: ``(request id, token index, receive time)``;
-    ``phase_of``: ``{request id: (repeat, phase index)}``.
+    ``phase_of``: ``{request id: (repeat, phase index)}``. ``max_model_len``: the engine's; a mixed phase's long
+    prompt is cut to fit it with its outputs.
     """
 
-    def __init__(self, engine, vocab: int, seed: int, max_prompt: int = 4096 - MIXED_PREFILL_OUTPUT):
+    def __init__(self, engine, vocab: int, seed: int, max_model_len: int):
         self.engine = engine
-        self.max_prompt = max_prompt
+        self.max_prompt = max_model_len - MIXED_PREFILL_OUTPUT
         self.vocab = vocab
         self.rng = np.random.default_rng(seed)
         self.sent: dict[str, float] = {}
@@ -153,10 +154,10 @@ class _GridClient:
         await asyncio.gather(*tasks)
 
 
-async def _run_grid_async(engine, phases: Sequence[Phase], repeats: int, vocab: int, seed: int,
-                          progress: bool) -> _GridClient:
+async def _run_grid_async(engine, phases: Sequence[Phase], repeats: int, vocab: int, seed: int, progress: bool,
+                          max_model_len: int) -> _GridClient:
     """The warm-up request, then every phase of every repeat in order; returns the client with its times."""
-    client = _GridClient(engine, vocab, seed)
+    client = _GridClient(engine, vocab, seed, max_model_len)
     await client.request(*WARMUP)
     t_start = time.monotonic()
     for rep in range(repeats):
@@ -213,7 +214,8 @@ def run_grid(phases: Sequence[Phase], *, experiment: str = "cpu-tiny", repeats: 
     async def main():
         engine = AsyncLLM.from_engine_args(args)
         try:
-            return await _run_grid_async(engine, phases, repeats, cfg.workload.vocab_size, seed, progress)
+            return await _run_grid_async(engine, phases, repeats, cfg.workload.vocab_size, seed, progress,
+                                         cfg.max_model_len)
         finally:
             engine.shutdown()
 

@@ -163,11 +163,16 @@ def held_out_mask(steps: pd.DataFrame, grid: dict | None, fit_repeats: Sequence[
     With ``fit_repeats`` (or a grid whose phases carry no ``held_out`` flag: measurements of an older grid), the
     held-out steps are those of the other repeats; otherwise those of the held-out phases (step shapes).
     """
-    phases = (grid or {}).get("phases") or []
-    if fit_repeats is None and phases and any("held_out" in p for p in phases):
-        held_idx = [i for i, p in enumerate(phases) if p.get("held_out")]
+    if split_by_phase(grid, fit_repeats):
+        held_idx = [i for i, p in enumerate(grid["phases"]) if p.get("held_out")]
         return steps["phase"].isin(held_idx).to_numpy()
     return ~steps["repeat"].isin(list(fit_repeats if fit_repeats is not None else (0,))).to_numpy()
+
+
+def split_by_phase(grid: dict | None, fit_repeats: Sequence[int] | None = None) -> bool:
+    """True when ``held_out_mask`` holds out phases (step shapes), False when it holds out repeats."""
+    phases = (grid or {}).get("phases") or []
+    return fit_repeats is None and any("held_out" in p for p in phases)
 
 
 def phase_table(steps: pd.DataFrame, grid: dict | None, col: str = "device_s") -> pd.DataFrame:
@@ -247,7 +252,7 @@ def calibrate(meas: dict[str, Any], *, model: str = "qwen3-tiny", fit_repeats: S
     ho = steps[held]
     holdout = residual_stats(ho[target].to_numpy(), ho["predicted_s"].to_numpy())
     grid["fit_target"] = target
-    grid["split"] = "phases" if (fit_repeats is None and "held_out" in (grid.get("phases") or [{}])[0]) \
+    grid["split"] = "phases" if split_by_phase(grid, fit_repeats) \
         else f"repeats {list(fit_repeats if fit_repeats is not None else (0,))}"
     grid["by_kind"] = _residuals_by_kind(steps, "predicted_s", target)
     if parts:
