@@ -1,7 +1,7 @@
 """Scheduler overhead: DLFPScheduler against vLLM 0.17.1's stock Scheduler, paired and interleaved.
 
 Each arm's scheduler is built in its own process (no model, no engine; see
-``dlfp.backends.vllm.scheduler.standalone_scheduler``) and driven through the
+``dlfp.backends.vllm.standalone.standalone_scheduler``) and driven through the
 same requests: ``--decodes`` long-running decoding requests present from step 0
 plus a ``--prompt``-token prompt arriving every ``--every`` steps, for
 ``--steps`` iterations. Every arm gets identical requests (same request ids,
@@ -139,7 +139,7 @@ def arms_of(args) -> tuple[str, ...]:
 
 
 def _build(arm: str, args, log_dir: str):
-    from dlfp.backends.vllm.scheduler import standalone_scheduler
+    from dlfp.backends.vllm.standalone import standalone_scheduler
 
     stock = POLICIES[arm] is None
     log = None if stock or args.no_log else os.path.join(log_dir, f"{arm}.jsonl")
@@ -182,7 +182,7 @@ def _arm_process(arm: str, args, arrivals: tuple[Arrival, ...], log_dir: str, cp
     paths to itself, as in an engine: in one shared process the interpreter's per-call-site
     specialisation of vLLM's ``schedule()`` would flip between the stock and the DLFP class.
     """
-    from dlfp.backends.vllm.scheduler import make_request
+    from dlfp.backends.vllm.standalone import make_request
 
     os.sched_setaffinity(0, {cpu_id})  # every arm on the same CPU: the same caches, the same other load
     s = _build(arm, args, log_dir)

@@ -18,13 +18,11 @@ from dlfp.backends.vllm.scheduler import (  # noqa: E402
     DLFPAsyncScheduler,
     DLFPConfigError,
     DLFPScheduler,
-    fake_step,
     is_prefilling,
-    make_request,
     parse_settings,
     read_log,
-    standalone_scheduler,
 )
+from dlfp.backends.vllm.standalone import fake_step, make_request, standalone_scheduler  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

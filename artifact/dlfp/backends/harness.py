@@ -33,6 +33,7 @@ import pandas as pd
 
 from dlfp.backends import ProgressFn
 from dlfp.config import ExperimentConfig
+from dlfp.policies.base import reason_runs
 from dlfp.traces.format import (FORMAT_VERSION, ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, coerce,
                                 git_commit, package_versions)
 
@@ -91,7 +92,9 @@ def iterations_from_log(path: str | Path, t0: float) -> tuple[pd.DataFrame, dict
 
     Rows scheduled before ``t0`` (the engine warm-up) are dropped. The dict
     (``metadata["engine"]["scheduler_log"]``) holds the log's path, the scheduler class that wrote it,
-    whether it is complete, and its ``max_num_scheduled_tokens``.
+    whether it is complete, and its ``max_num_scheduled_tokens``; for a policy that logs its decision reasons,
+    also ``decisions`` (``dlfp.policies.base.reason_runs``), which ``trial_metadata`` moves to
+    ``metadata["decisions"]``.
 
     Raises:
         RuntimeError: the log is missing or has no start event (the engine did not run the DLFP scheduler).
@@ -114,6 +117,9 @@ def iterations_from_log(path: str | Path, t0: float) -> tuple[pd.DataFrame, dict
     info = {"path": str(p), "scheduler": starts[-1].get("scheduler"),
             "complete": any(e.get("event") == "end" for e in events),
             "max_num_scheduled_tokens": starts[-1].get("max_num_scheduled_tokens")}
+    kept = sorted((r for r in rows if "reason" in r and r["schedule_s"] >= t0), key=lambda r: r["iteration"])
+    if kept:  # a policy that logs its reasons (DLFP-G): trial_metadata moves them to metadata["decisions"]
+        info["decisions"] = reason_runs([r["iteration"] for r in kept], [r["reason"] for r in kept])
     return coerce(df, ITERATION_COLUMNS, "iterations"), info
 
 
@@ -293,6 +299,10 @@ def trial_metadata(cfg: ExperimentConfig, arm: str, seed: int, *, backend: str, 
 
     ``policy`` is the arm's built policy (its ``params()`` are recorded with the arm's config).
     """
+    extra = {}
+    if "decisions" in engine.get("scheduler_log", {}):
+        engine = {**engine, "scheduler_log": dict(engine["scheduler_log"])}
+        extra["decisions"] = engine["scheduler_log"].pop("decisions")
     return {
         "format_version": FORMAT_VERSION, "experiment": cfg.name, "arm": arm, "seed": int(seed), "backend": backend,
         "versions": {**package_versions(), "vllm_runtime": vllm_version},
@@ -302,6 +312,7 @@ def trial_metadata(cfg: ExperimentConfig, arm: str, seed: int, *, backend: str, 
         "energy": energy,
         "clock": CLOCK,
         "engine": engine,
+        **extra,
     }
 
 

@@ -1,4 +1,4 @@
-"""Prefill-cap policies: the interface (``base``), the baselines, the paper's DLFP, this artifact's DLFP-S.
+"""Prefill-cap policies: the interface (``base``), the baselines, the paper's DLFP, this artifact's DLFP-S and DLFP-G.
 
 ``dlfp.policies.registry`` maps a config's policy name to its class and
 options model. The names below are re-exported for ``from dlfp import
@@ -11,6 +11,7 @@ from dlfp.policies.base import (
     Policy,
     PolicyBase,
     PolicyOptions,
+    ScheduleContext,
     check_interval,
     decisions_frame,
     quantize,
@@ -25,10 +26,12 @@ from dlfp.policies.dlfp import (
     PAPER_QUANTUM,
     PAPER_TARGET_S,
 )
+from dlfp.policies.dlfpg import DLFPG
 from dlfp.policies.dlfps import DLFPS
 
 __all__ = [
     "DLFP",
+    "DLFPG",
     "DLFPS",
     "Decision",
     "FixedCap",
@@ -44,6 +47,7 @@ __all__ = [
     "PolicyBase",
     "PolicyOptions",
     "SIGNALS",
+    "ScheduleContext",
     "check_interval",
     "decisions_frame",
     "quantize",

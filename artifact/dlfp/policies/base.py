@@ -8,7 +8,9 @@ to a policy through the same two calls:
   -> ``int | None``: asked once per iteration before prefill is scheduled.
   ``oldest_waiting_s`` is how long (seconds) the oldest request without a first
   token has waited, ``oldest_remaining_tokens`` its prompt tokens still to
-  prefill; both optional context (only DLFP-S's TTFT guard reads them). ``None`` means "no cap":
+  prefill; both optional context (only the TTFT guards of DLFP-S and DLFP-G read them).
+  ``context`` (a ``ScheduleContext``) is passed only to policies whose class sets
+  ``wants_context = True`` (DLFP-G); the others never pay for building it. ``None`` means "no cap":
   the engine's own token budget (``max_num_batched_tokens``) is the only limit.
   A cap is the maximum number of TOTAL prefill tokens (all prefilling requests
   together) that this iteration may schedule.
@@ -16,6 +18,8 @@ to a policy through the same two calls:
   signal named by ``policy.signal`` is known for it (``host_cadence``: at the
   next scheduler call; ``device_completion``: when the iteration's output is
   processed). The other signal field of the observation may be ``None``.
+  ``prefill_pairs`` and ``decode_context_tokens`` are filled in for policies with
+  ``wants_context`` only.
 
 Times are seconds everywhere in this module.
 
@@ -53,6 +57,12 @@ class Observation:
             the next one (the paper's ``host_cadence`` signal), or ``None``.
         device_time_s: completed device time of the iteration (seconds, the
             ``device_completion`` signal), or ``None``.
+        prefill_pairs: causal attention pairs of the iteration's prefill chunks,
+            ``sum(n * c + n * (n + 1) / 2)`` over chunks of ``n`` new tokens after
+            ``c`` cached ones (``dlfp.devices.batch.chunk_pairs``), or ``None``.
+            Filled in only for policies with ``wants_context``.
+        decode_context_tokens: sum over the iteration's decodes of the tokens
+            already in their KV cache, or ``None`` (as ``prefill_pairs``).
     """
 
     iteration: int
@@ -62,6 +72,8 @@ class Observation:
     cap: int | None
     host_interval_s: float | None = None
     device_time_s: float | None = None
+    prefill_pairs: float | None = None
+    decode_context_tokens: int | None = None
 
     @property
     def guarded(self) -> bool:
@@ -79,6 +91,22 @@ class Observation:
         if signal == "device_completion":
             return self.device_time_s
         raise ValueError(f"unknown signal {signal!r}; expected one of {SIGNALS}")
+
+
+@dataclass(slots=True)
+class ScheduleContext:
+    """What the next iteration's cost depends on beyond its size, for policies with ``wants_context``.
+
+    Attributes:
+        prefill_context_tokens: tokens already in the KV cache of the request
+            the next prefill chunk continues (the first running request
+            mid-prompt, else the head of the waiting queue; 0 for a fresh one).
+        decode_context_tokens: sum over the decoding requests of the tokens
+            already in their KV cache.
+    """
+
+    prefill_context_tokens: int = 0
+    decode_context_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -115,7 +143,7 @@ class Policy(Protocol):
 
     def prefill_cap(
         self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
-        oldest_remaining_tokens: int | None = None,
+        oldest_remaining_tokens: int | None = None, context: ScheduleContext | None = None,
     ) -> int | None: ...
 
     def observe(self, obs: Observation) -> None: ...
@@ -226,6 +254,30 @@ def quantize(tokens: float, quantum: int) -> int:
     return int(math.floor(tokens / quantum + 0.5)) * quantum
 
 
+def reason_runs(iterations, reasons) -> dict:
+    """The decision reasons of a trial, run-length encoded for its ``metadata.json`` (``metadata["decisions"]``).
+
+    Args:
+        iterations: iteration index of each decision, in the order they were made.
+        reasons: the reason of each decision (same length).
+
+    Returns:
+        ``{"reasons": [names], "start_iteration": [i0, i1, ...], "code": [k0, k1, ...]}``: from iteration ``i_j``
+        on (up to the next start) the reason is ``reasons[k_j]``; a new run starts only where the reason changes.
+    """
+    names: list[str] = []
+    starts: list[int] = []
+    codes: list[int] = []
+    for it, r in zip(iterations, reasons):
+        if r not in names:
+            names.append(r)
+        k = names.index(r)
+        if not codes or codes[-1] != k:
+            starts.append(int(it))
+            codes.append(k)
+    return {"reasons": names, "start_iteration": starts, "code": codes}
+
+
 def decisions_frame(policy: Policy):
     """The policy's decision log as a pandas DataFrame (one row per ``observe`` call, columns = ``Decision``)."""
     import pandas as pd
@@ -242,11 +294,13 @@ __all__ = [
     "PolicyBase",
     "PolicyOptions",
     "SIGNALS",
+    "ScheduleContext",
     "Signal",
     "check_count",
     "check_interval",
     "decisions_frame",
     "is_int",
     "quantize",
+    "reason_runs",
     "reject_bool",
 ]

@@ -1,7 +1,7 @@
 """The two non-adaptive baselines: stock chunked prefill (NoCap) and a fixed prefill cap (FixedCap)."""
 from __future__ import annotations
 
-from dlfp.policies.base import Observation, PolicyBase, check_count, is_int
+from dlfp.policies.base import Observation, PolicyBase, ScheduleContext, check_count, is_int
 
 
 class NoCap(PolicyBase):
@@ -14,7 +14,7 @@ class NoCap(PolicyBase):
     name = "nocap"
 
     def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
-                    oldest_remaining_tokens: int | None = None) -> None:
+                    oldest_remaining_tokens: int | None = None, context: ScheduleContext | None = None) -> None:
         """Always ``None`` (no cap)."""
         check_count("num_decoding", num_decoding)
         return None
@@ -41,7 +41,7 @@ class FixedCap(PolicyBase):
         self.cap = int(cap)
 
     def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
-                    oldest_remaining_tokens: int | None = None) -> int | None:
+                    oldest_remaining_tokens: int | None = None, context: ScheduleContext | None = None) -> int | None:
         """``cap`` tokens while ``num_decoding > 0``, else ``None``."""
         check_count("num_decoding", num_decoding)
         return self.cap if num_decoding > 0 else None

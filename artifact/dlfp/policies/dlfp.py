@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import math
 
-from dlfp.policies.base import Observation, PolicyBase, check_count, check_interval, is_int, quantize
+from dlfp.policies.base import (
+    Observation,
+    PolicyBase,
+    ScheduleContext,
+    check_count,
+    check_interval,
+    is_int,
+    quantize,
+)
 
 PAPER_TARGET_S = 0.080
 PAPER_INITIAL_CAP = 3072
@@ -84,7 +92,7 @@ class DLFP(PolicyBase):
             raise ValueError(f"initial_cap={initial_cap} is outside [min_cap={min_cap}, max_cap={max_cap}]")
 
     def prefill_cap(self, num_decoding: int, *, now_s: float = 0.0, oldest_waiting_s: float | None = None,
-                    oldest_remaining_tokens: int | None = None) -> int | None:
+                    oldest_remaining_tokens: int | None = None, context: ScheduleContext | None = None) -> int | None:
         """The current cap (tokens) while ``num_decoding > 0``, else ``None``."""
         check_count("num_decoding", num_decoding)
         return self.cap if num_decoding > 0 else None

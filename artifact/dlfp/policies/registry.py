@@ -14,6 +14,8 @@ from dlfp.policies.baselines import FixedCap, NoCap
 from dlfp.policies.dlfp import DLFP
 from dlfp.policies.dlfps.controller import DLFPS
 from dlfp.policies.dlfps.options import DLFPSOptions
+from dlfp.policies.dlfpg.controller import DLFPG
+from dlfp.policies.dlfpg.options import DLFPGOptions
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ POLICIES: dict[str, PolicyEntry] = {
     FixedCap.name: PolicyEntry(FixedCap),
     DLFP.name: PolicyEntry(DLFP),
     DLFPS.name: PolicyEntry(DLFPS, DLFPSOptions, slo_options={"ttft_slo_s": "ttft_s"}),
+    DLFPG.name: PolicyEntry(DLFPG, DLFPGOptions, slo_options={"itl_target_s": "itl_s", "ttft_budget_s": "ttft_s"}),
 }
 
 

@@ -112,6 +112,14 @@ class _Run:
         obs = ctl.Observation(iteration=b.iteration, time_s=now, prefill_tokens=b.prefill_tokens,
                               num_decodes=b.num_decodes, cap=b.cap, host_interval_s=b.host_interval_s,
                               device_time_s=(b.device_end_s - b.device_start_s) if b.processed else None)
+        if e._wants_context:
+            pairs = dctx = 0
+            for _r, k, c, dec, _s in b.entries:
+                if dec:
+                    dctx += c
+                else:
+                    pairs += k * c + k * (k + 1) * 0.5
+            obs.prefill_pairs, obs.decode_context_tokens = float(pairs), dctx
         decs = e._decisions
         nd = len(decs) if decs is not None else 0
         pol.observe(obs)
@@ -334,6 +342,7 @@ class SimEngine:
                                async_scheduling=self.async_)
         self.max_steps = max_steps
         self._decisions = getattr(policy, "decisions", None)
+        self._wants_context = bool(getattr(policy, "wants_context", False))
         self._host_sig = policy.signal == "host_cadence"
         self._device_time = device.time
         self._time_scheduled = getattr(device, "time_scheduled", None)

@@ -22,6 +22,7 @@ import pandas as pd
 
 from dlfp.devices import roofline as cm
 from dlfp.config import ConfigError, ExperimentConfig, build_policy
+from dlfp.policies.base import reason_runs
 from dlfp.backends.sim import HostCosts, SimEngine
 from dlfp.traces.format import (FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit,
                                package_versions)
@@ -205,4 +206,6 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
                 "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
                 "num_schedule_calls": res.num_schedule_calls, "model": {"key": model.key, "source": model.source}},
     }
+    if getattr(policy, "logs_reasons", False):  # DLFP-G: the reason of every decision, for the cap trajectory
+        md["decisions"] = reason_runs([d.iteration for d in policy.decisions], [d.reason for d in policy.decisions])
     return Trial(requests=rq, tokens=tk, iterations=res.iterations, metadata=md)

@@ -25,13 +25,16 @@ asked ``prefill_cap(num_decoding, now_s=, oldest_waiting_s=)``, where
 ``oldest_waiting_s`` is how long (seconds) the oldest request without a first
 token (waiting-queue head or a running request mid-prefill) has waited, and
 ``oldest_remaining_tokens`` its prompt tokens still to prefill (both omitted
-when there is none). The cap limits the TOTAL prefill tokens
+when there is none); a policy with ``wants_context`` also gets the step's
+``ScheduleContext``. The cap limits the TOTAL prefill tokens
 (continuing chunks and new requests) of the step; decodes never count against
 it, so they are never starved.
 """
 from __future__ import annotations
 
 from collections import deque
+
+from dlfp.policies.base import ScheduleContext
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 
@@ -121,10 +124,26 @@ class Scheduler:
                 ndec += 1
             elif r.out == 0 and (oldest is None or r.arrival < oldest.arrival):
                 oldest = r  # mid-prefill, still without a first token
+        kw = {"context": self._context()} if getattr(policy, "wants_context", False) else {}
         if oldest is None:
-            return policy.prefill_cap(ndec, now_s=now)
+            return policy.prefill_cap(ndec, now_s=now, **kw)
         return policy.prefill_cap(ndec, now_s=now, oldest_waiting_s=now - oldest.arrival,
-                                  oldest_remaining_tokens=max(0, oldest.P - oldest.computed))
+                                  oldest_remaining_tokens=max(0, oldest.P - oldest.computed), **kw)
+
+    def _context(self) -> ScheduleContext:
+        """The ``ScheduleContext`` of the next step: the KV context of the request its first prefill chunk
+        continues (first running request mid-prompt, else the waiting head) and the decodes' summed context."""
+        dctx = 0
+        pctx = None
+        for r in self.running:
+            c = r.computed
+            if c >= r.P and c + 1 >= r.P + r.out + r.ph:
+                dctx += c
+            elif pctx is None:
+                pctx = c
+        if pctx is None:
+            pctx = self.waiting[0].computed if self.waiting else 0
+        return ScheduleContext(pctx, dctx)
 
     def _schedule_running(self, entries: list, budget: int, pcap: int) -> tuple[int, int, bool]:
         """Running requests in order, within the token budget and the prefill cap; preempt from the back when

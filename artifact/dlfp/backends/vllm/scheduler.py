@@ -75,6 +75,13 @@ Feedback signals (``policy.observe`` exactly once per non-empty iteration)
   scheduling a batch queued behind a running one does not start before it
   finishes; in the synchronous loop this is dispatch -> output). Observed in
   ``update_from_output``.
+  On a GPU, with the model runner in the engine-core process (one GPU,
+  in-process executor), the forward pass of each batch is timed with CUDA
+  events instead (:mod:`dlfp.backends.vllm.cuda_timing`; UNTESTED ON A GPU in
+  this artifact, its bookkeeping is tested on CPU with fake events).
+* Policies with ``wants_context`` (DLFP-G) also get the step's ``ScheduleContext``
+  and the ``Observation``'s context fields; with ``logs_reasons`` each log row
+  carries its decision's ``reason``.
 
 Per-iteration log
 -----------------
@@ -101,8 +108,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from dlfp.config import PolicyConfig, build_policy
-from dlfp.paths import HF_MODELS_DIR
-from dlfp.policies.base import Observation
+from dlfp.backends.vllm.cuda_timing import install_forward_timer
+from dlfp.policies.base import Observation, ScheduleContext
 
 ENV_POLICY = "DLFP_POLICY_JSON"
 ENV_LOG = "DLFP_SCHED_LOG"
@@ -197,6 +204,10 @@ class DLFPSchedulerMixin:
         self._dlfp_signal = self.dlfp_policy.signal
         self._dlfp_host = self._dlfp_signal == "host_cadence"
         self._dlfp_model_split = bool(self.need_mamba_block_aligned_split)
+        self._dlfp_context = bool(getattr(self.dlfp_policy, "wants_context", False))  # DLFP-G
+        self._dlfp_reasons = bool(getattr(self.dlfp_policy, "logs_reasons", False))
+        # on a GPU with the model runner in this process: the forward pass timed by CUDA events
+        self._dlfp_timer = install_forward_timer(self.vllm_config) if not self._dlfp_host else None
         self._dlfp_left: int | None = None  # prefill allowance left in the step being scheduled
         self._dlfp_iteration = 0
         # a scheduled iteration is a record [row or None, SchedulerOutput, partial, t0, t1, cap, decoding, index]
@@ -255,12 +266,13 @@ class DLFPSchedulerMixin:
         for r in partial:
             if r.num_output_tokens == 0 and (oldest is None or r.arrival_time < oldest.arrival_time):
                 oldest = r
+        kw = {"context": self._dlfp_schedule_context(partial)} if self._dlfp_context else {}
         if oldest is None:
-            cap = self.dlfp_policy.prefill_cap(num_decoding, now_s=t0)
+            cap = self.dlfp_policy.prefill_cap(num_decoding, now_s=t0, **kw)
         else:
             cap = self.dlfp_policy.prefill_cap(
                 num_decoding, now_s=t0, oldest_waiting_s=max(0.0, time.time() - oldest.arrival_time),
-                oldest_remaining_tokens=max(0, oldest.num_prompt_tokens - oldest.num_computed_tokens))
+                oldest_remaining_tokens=max(0, oldest.num_prompt_tokens - oldest.num_computed_tokens), **kw)
         if cap is None or not (partial or self.waiting):  # no cap, or no prefill it could bind
             out = super().schedule()
         else:
@@ -278,6 +290,18 @@ class DLFPSchedulerMixin:
             self._dlfp_prev = rec
             self._dlfp_inflight[id(out)] = rec
         return out
+
+    def _dlfp_schedule_context(self, partial: list) -> ScheduleContext:
+        """The next step's ``ScheduleContext``: the KV context of the request the first prefill chunk continues
+        (first running request mid-prompt, else the waiting head) and the decodes' summed context (tokens)."""
+        mid = {id(r) for r in partial}
+        dctx = sum(r.num_computed_tokens for r in self.running if id(r) not in mid)
+        if partial:
+            pctx = partial[0].num_computed_tokens
+        else:
+            head = self.waiting.peek_request() if self.waiting else None
+            pctx = head.num_computed_tokens if head is not None else 0
+        return ScheduleContext(pctx, dctx)
 
     def _dlfp_row(self, rec: list) -> dict:
         """The row of an iteration's record, counted from its ``SchedulerOutput`` at first use: its output
@@ -300,13 +324,14 @@ class DLFPSchedulerMixin:
                     prefill_tokens += n
                     num_prefills += 1
             num_decodes = len(nst) - num_prefills
+            ctx = _batch_context(out, partial) if self._dlfp_context else (None, None)
             rec[:3] = [{
                 "iteration": iteration, "schedule_s": t0, "prefill_tokens": prefill_tokens,
                 "num_prefills": num_prefills, "num_decodes": num_decodes, "cap": cap, "cap_after": cap,
                 "guarded": False, "signal": self._dlfp_signal, "observed_interval_s": _NAN,
                 "host_interval_s": None, "device_time_s": None, "issue_s": t1,
                 "device_start_s": _NAN, "device_end_s": _NAN, "energy_j": _NAN,
-                "num_decoding_running": num_decoding, "_pending": 2,
+                "num_decoding_running": num_decoding, "_pending": 2, "_context": ctx,
             }, None, None]  # cap_after stays the cap unless observed; keys in log order, "event" added last
         return rec[0]
 
@@ -319,6 +344,10 @@ class DLFPSchedulerMixin:
         if row is not None:
             row["device_end_s"] = t
             row["device_time_s"] = t - max(row["issue_s"], self._dlfp_last_end)
+            if self._dlfp_timer is not None:  # the CUDA-event time of the batch's forward pass, in batch order
+                gpu_s = self._dlfp_timer.pop_elapsed_s()
+                if gpu_s is not None:
+                    row["device_time_s"] = gpu_s
             self._dlfp_last_end = t
             if not self._dlfp_host:
                 self._dlfp_observe(row, t)
@@ -328,15 +357,19 @@ class DLFPSchedulerMixin:
         return outputs
 
     def _dlfp_observe(self, row: dict, now: float) -> None:
+        pairs, dctx = row.pop("_context")
         obs = Observation(iteration=row["iteration"], time_s=now, prefill_tokens=row["prefill_tokens"],
                           num_decodes=row["num_decodes"], cap=row["cap"],
-                          host_interval_s=row["host_interval_s"], device_time_s=row["device_time_s"])
+                          host_interval_s=row["host_interval_s"], device_time_s=row["device_time_s"],
+                          prefill_pairs=pairs, decode_context_tokens=dctx)
         self.dlfp_policy.observe(obs)
         iv = row["host_interval_s" if self._dlfp_host else "device_time_s"]  # = obs.interval(signal)
         row["observed_interval_s"] = _NAN if iv is None else float(iv)
         row["guarded"] = obs.guarded
         decisions = self.dlfp_policy.decisions
         row["cap_after"] = decisions[-1].cap_after if decisions else row["cap"]
+        if self._dlfp_reasons and decisions:
+            row["reason"] = decisions[-1].reason
         if len(decisions) > 1024:  # the log file keeps the history; bound memory in long-running servers
             del decisions[:-1]
 
@@ -345,6 +378,7 @@ class DLFPSchedulerMixin:
         row["_pending"] -= 1
         if row["_pending"] == 0 and self._dlfp_file is not None:
             del row["_pending"]
+            row.pop("_context", None)
             row["event"] = "iteration"
             for k in ("host_interval_s", "device_time_s"):
                 if row[k] is None:
@@ -375,6 +409,32 @@ class DLFPSchedulerMixin:
                 self._dlfp_file = None
         finally:
             super().shutdown()
+
+
+def _batch_context(out, partial: list) -> tuple[float, int]:
+    """``(prefill_pairs, decode_context_tokens)`` of a ``SchedulerOutput`` (``Observation``'s context fields).
+
+    The KV context before the step is each request's ``num_computed_tokens`` as the output records it (new
+    requests: ``NewRequestData``; running ones: ``CachedRequestData``); prefills are the new, resumed and
+    mid-prompt requests of the step, the rest are decodes.
+    """
+    nst = out.num_scheduled_tokens
+    pairs = 0.0
+    for nr in out.scheduled_new_reqs:
+        n, c = nst[nr.req_id], nr.num_computed_tokens
+        pairs += n * c + n * (n + 1) * 0.5
+    cached = out.scheduled_cached_reqs
+    prefill_ids = set(cached.resumed_req_ids) | {r.request_id for r in partial}
+    dctx = 0
+    for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
+        n = nst.get(rid)
+        if not n:
+            continue
+        if rid in prefill_ids:
+            pairs += n * c + n * (n + 1) * 0.5
+        else:
+            dctx += c
+    return pairs, dctx
 
 
 class DLFPAsyncScheduler(DLFPSchedulerMixin, AsyncScheduler):
@@ -421,80 +481,5 @@ def read_log(path: str) -> tuple[list[dict], list[dict]]:
     return events, rows
 
 
-# -- a scheduler without an engine (tests, overhead benchmark) -----------------------------------
-def standalone_scheduler(policy: dict | None = None, *, model: str | None = None, max_num_batched_tokens: int = 2048,
-                         max_num_seqs: int = 16, block_size: int = 16, num_blocks: int = 4096,
-                         max_model_len: int = 8192, async_scheduling: bool = False, stock: bool = False,
-                         log_path: str | None = None):
-    """A vLLM 0.17.1 scheduler built in this process, with no model, executor or engine core.
-
-    ``policy`` is the ``additional_config["dlfp"]`` object (PolicyConfig
-    fields, optional ``log_path``); ``stock=True`` builds vLLM's own
-    ``Scheduler``/``AsyncScheduler`` instead of the DLFP one. The model is only
-    read for its ``config.json`` (default: the shipped ``qwen3-tiny``). Drive
-    it with :func:`fake_step`.
-    """
-
-    import torch
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    model = model or str(HF_MODELS_DIR / "qwen3-tiny")
-    dl = dict(policy or {"policy": "nocap"})
-    if log_path:
-        dl["log_path"] = log_path
-    args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
-                      max_model_len=max_model_len, enable_chunked_prefill=True,
-                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                      block_size=block_size, enable_prefix_caching=False, enforce_eager=True,
-                      additional_config={CONFIG_KEY: dl}, disable_log_stats=True)
-    vc = args.create_engine_config()
-    vc.scheduler_config.async_scheduling = async_scheduling  # the CPU platform forces it off
-    vc.cache_config.num_gpu_blocks = num_blocks
-    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer.0"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8,
-                                                        dtype=torch.float32))])
-    if stock:
-        cls = AsyncScheduler if async_scheduling else Scheduler
-    else:
-        cls = DLFPScheduler
-    return cls(vllm_config=vc, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(vc),
-               block_size=block_size, log_stats=False)
-
-
-def make_request(request_id: str, prompt_tokens: int, max_tokens: int, first_token: int = 100):
-    """A vLLM ``Request`` with ``prompt_tokens`` distinct ids, greedy, ``ignore_eos``, ``max_tokens`` outputs."""
-    from vllm import SamplingParams
-    from vllm.v1.request import Request
-
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    ids = [(first_token + i) % 30000 + 10 for i in range(prompt_tokens)]
-    return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=sp, pooling_params=None)
-
-
-def fake_step(scheduler, token_id: int = 7):
-    """One engine iteration with no model: ``schedule()``, then an output that samples ``token_id``.
-
-    Every scheduled request whose prefill completes (or that decodes) gets one
-    token; non-final prefill chunks get none, as vLLM's model runner does.
-    Returns the ``SchedulerOutput``.
-    """
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    so = scheduler.schedule()
-    req_ids = list(so.num_scheduled_tokens)
-    sampled = []
-    for rid in req_ids:
-        r = scheduler.requests[rid]
-        done_prefill = r.num_computed_tokens >= r.num_tokens  # advanced by schedule()
-        sampled.append([token_id] if done_prefill else [])
-    mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                            sampled_token_ids=sampled)
-    scheduler.update_from_output(so, mro)
-    return so
-
-
 __all__ = ["DLFPAsyncScheduler", "DLFPConfigError", "DLFPScheduler", "DLFPSchedulerMixin", "DLFPSettings",
-           "fake_step", "is_prefilling", "make_request", "parse_settings", "read_log",
-           "standalone_scheduler"]
+           "is_prefilling", "parse_settings", "read_log"]

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from dlfp.policies.base import Observation, check_count
+from dlfp.policies.base import Observation, ScheduleContext, check_count
 from dlfp.policies.dlfp import (
     DLFP,
     PAPER_GAIN,
@@ -213,6 +213,7 @@ class DLFPS(DLFP):
         now_s: float = 0.0,
         oldest_waiting_s: float | None = None,
         oldest_remaining_tokens: int | None = None,
+        context: ScheduleContext | None = None,
     ) -> int | None:
         """The prefill cap (tokens) for the next iteration, or ``None`` for no cap.
 
