@@ -66,9 +66,18 @@ def test_config_validates_and_is_consistent(name):
     assert cfg.max_model_len <= arch["max_position_embeddings"]
     assert wl.vocab_size == arch["vocab_size"]
     assert cfg.arms[cfg.baseline_arm].policy == "nocap"
-    # the paper's two arms, plus DLFP-S (this artifact's controller) and its ablations
+    # the paper's two arms, plus this artifact's controllers DLFP-S and DLFP-G and their ablations
     assert {"baseline", "dlfp"} <= set(cfg.arms)
-    assert all(a.startswith("dlfps") and cfg.arms[a].policy == "dlfps" for a in set(cfg.arms) - {"baseline", "dlfp"})
+    for a in set(cfg.arms) - {"baseline", "dlfp"}:
+        policy = a.split("-", 1)[0]
+        assert policy in ("dlfps", "dlfpg") and cfg.arms[a].policy == policy, f"{name}: arm {a}"
+    if "vllm" not in cfg.tags:  # every simulator experiment runs DLFP-G and each of its ablations
+        assert {"dlfpg", "dlfpg-no-estimate", "dlfpg-no-context", "dlfpg-no-ttft-guard",
+                "dlfpg-host-cadence"} <= set(cfg.arms)
+    if "dlfpg" in cfg.arms:  # the objective is the experiment's own unless the arm states it (cpu-tiny scale)
+        opts = cfg.arms["dlfpg"].options
+        assert opts["ttft_budget_s"] == cfg.slo.ttft_s
+        assert opts["itl_target_s"] == (cfg.slo.itl_s if "scaled" not in cfg.tags else cfg.arms["dlfp"].target_s)
     # every assumption that names a config field states the value the config actually uses
     for a in cfg.assumptions:
         v = _get(cfg, a.field)

@@ -312,6 +312,8 @@ _delegate("validate-sim", "compare the simulator with real-engine traces and rep
           "studies.validation", "main_validate")
 _delegate("map", "sweep prompt scale x rate x token budget x prompt source per paper configuration on the simulator "
           "and render where each claim holds", "studies.map.cli", "main_map")
+_delegate("dlfpg-dev", "rerun DLFP-G's development set (seeds 901-903, where its constants were chosen) on the "
+          "simulator", "studies.controller_dev", "main_dev")
 _delegate("export", "export a trial as JSON in another tool's format (vllm bench serve --save-result)",
           "analysis.export", "main_export")
 

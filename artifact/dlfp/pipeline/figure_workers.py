@@ -25,9 +25,24 @@ MAX_WORKERS = 4
 _SETS: dict[tuple[str, bool], Any] = {}  # in a worker: the trace set it loaded, by (root, partial)
 
 
+#: DLFP-G's cap trajectory, its decisions coloured by reason, for each request-list group with a ``dlfpg`` arm.
+DLFPG_CAP_PREFIX = CAP_PREFIX + "dlfpg_"
+
+
+def _dlfpg_groups(ts) -> list[tuple[str, str]]:
+    out = []
+    for b, e in ts.groups():
+        cfg = ts.config(b, e)
+        if cfg is not None and cfg.workload.kind == "requests" and "dlfpg" in set(ts.arms(b, e)):
+            out.append((b, e))
+    return out
+
+
 def figure_names(ts) -> list[str]:
-    """Every figure ``figures.ipynb`` writes for ``ts``: the whole-set ones, then one cap trajectory per group."""
-    return list(SET_FIGURES) + [f"{CAP_PREFIX}{b}_{e}" for b, e in ts.groups()]
+    """Every figure ``figures.ipynb`` writes for ``ts``: the whole-set ones, one cap trajectory per group, then
+    DLFP-G's cap trajectory per request-list group that has it."""
+    return (list(SET_FIGURES) + [f"{CAP_PREFIX}{b}_{e}" for b, e in ts.groups()]
+            + [f"{DLFPG_CAP_PREFIX}{b}_{e}" for b, e in _dlfpg_groups(ts)])
 
 
 def draw(ts, name: str, results_dir: str | Path, formats: Sequence[str]) -> tuple[Path | None, Path | None]:
@@ -42,6 +57,11 @@ def draw(ts, name: str, results_dir: str | Path, formats: Sequence[str]) -> tupl
                 "root_cause": figures.root_cause_figure, "frontier": figures.frontier_figure}
     if name in builders:
         fig = builders[name](ts)
+    elif name.startswith(DLFPG_CAP_PREFIX):
+        group = next((g for g in _dlfpg_groups(ts) if name == f"{DLFPG_CAP_PREFIX}{g[0]}_{g[1]}"), None)
+        if group is None:
+            raise PipelineError(f"no figure {name!r} for this trace set; figures: {', '.join(figure_names(ts))}")
+        fig = figures.cap_trajectory_figure(ts, *group, arm="dlfpg")
     else:
         group = next((g for g in ts.groups() if name == f"{CAP_PREFIX}{g[0]}_{g[1]}"), None)
         if group is None:

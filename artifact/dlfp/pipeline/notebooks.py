@@ -200,12 +200,13 @@ def render_figures(traces_dir: str | Path | None = None, results_dir: str | Path
 
 def _figures_inputs(traces: Path, results: Path, published: Path) -> dict[str, str]:
     """What ``figures.ipynb`` reads, as digests: its source, the traces, the published numbers, the outputs of
-    ``dlfp validate-sim``, ``dlfp calibrate`` and ``dlfp map`` (``<results>/fidelity``, ``<results>/calibration``,
-    ``<results>/map``)."""
+    ``dlfp validate-sim``, ``dlfp calibrate``, ``dlfp map`` and ``dlfp dlfpg-dev`` (``<results>/fidelity``,
+    ``<results>/calibration``, ``<results>/map``, ``<results>/dlfpg``)."""
     return {"notebooks/figures.ipynb": stamps.file_digest(notebooks_dir() / "figures.ipynb"),
             "published_csv": stamps.file_digest(published), "fidelity": stamps.folder_digest(results / "fidelity"),
             "calibration": stamps.folder_digest(results / "calibration"),
-            "map": stamps.folder_digest(results / "map"), **stamps.traces_digests(traces)}
+            "map": stamps.folder_digest(results / "map"), "dlfpg": stamps.folder_digest(results / "dlfpg"),
+            **stamps.traces_digests(traces)}
 
 
 def render_figures_checked(traces_dir: str | Path | None = None, results_dir: str | Path | None = None,

@@ -13,7 +13,7 @@ their own (``DEV_TRACE_START``).
 
 It runs the baseline arm, the paper's DLFP, DLFP-G and the fixed-cap frontier
 arms on each, in-process on the simulator (no traces are written), and writes
-``dlfpg_dev.csv``: one row per (experiment, arm, seed) with ``itl_p99_s``,
+``dlfpg/dev.csv`` under the results folder: one row per (experiment, arm, seed) with ``itl_p99_s``,
 ``ttft_p99_s``, ``slo_passes`` and ``worst_gap_s`` (seconds).
 """
 from __future__ import annotations
@@ -86,12 +86,45 @@ def run_dev(experiments: Sequence[str] | None = None, *, workers: int = 2) -> pd
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def write_dev(df: pd.DataFrame, results_dir: str | Path) -> Path:
-    """Write ``dlfpg_dev.csv`` atomically under ``results_dir``; returns its path."""
-    path = Path(results_dir) / "dlfpg_dev.csv"
+def write_dev(df: pd.DataFrame, out_dir: str | Path) -> Path:
+    """Write ``dev.csv`` atomically under ``out_dir`` (by default ``data/results/dlfpg``); returns its path."""
+    path = Path(out_dir) / "dev.csv"
     atomic_write(path, df.to_csv(index=False))
     return path
 
 
-__all__ = ["COLUMNS", "DEV_ARMS", "DEV_SEEDS", "dev_config", "dev_experiments", "run_dev", "worst_gap_s",
+def main_dev(argv: Sequence[str] | None = None) -> int:
+    """``dlfp dlfpg-dev [--experiments ...] [--out DIR] [--jobs N]``: run the development set, write its CSV.
+
+    Returns 0, or 2 (with one line) for an unknown experiment.
+    """
+    import argparse
+    import sys
+
+    from dlfp.analysis.tables.report import DLFPG_DEV_CSV
+    from dlfp.pipeline import default_results_dir
+    from dlfp.pipeline.plan import worker_count
+
+    ap = argparse.ArgumentParser(prog="dlfp dlfpg-dev", description="DLFP-G's development set on the simulator "
+                                 "(seeds 901-903); writes dlfpg/dev.csv under the results folder")
+    ap.add_argument("--experiments", nargs="+", default=None, help="subset (default: every Poisson or trace "
+                                                                   "experiment of the simulator)")
+    ap.add_argument("--out", default=None, help="output directory (default data/results/dlfpg)")
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default $DLFP_JOBS or the CPU count)")
+    args = ap.parse_args(list(argv or []))
+    known = dev_experiments()
+    bad = [e for e in args.experiments or [] if e not in known]
+    if bad:
+        print(f"dlfp dlfpg-dev: error: {bad[0]!r} is not in the development set; known: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else (default_results_dir() / DLFPG_DEV_CSV).parent
+    df = run_dev(args.experiments, workers=worker_count("sim", args.jobs))
+    from dlfp.pipeline import display_path
+
+    print(f"dlfpg-dev: {len(df)} runs -> {display_path(write_dev(df, out))}")
+    return 0
+
+
+__all__ = ["COLUMNS", "DEV_ARMS", "DEV_SEEDS", "dev_config", "dev_experiments", "main_dev", "run_dev", "worst_gap_s",
            "write_dev"]

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 from dlfp.analysis.markdown import format_frame, to_markdown, write_table
 from dlfp.analysis.tables.controller import (ARM_POINT_COLUMNS, DEFAULT_TARGET_S, arm_points, cap_trajectory,
-                                             controller_summary, policy_target_s, write_arm_points)
+                                             controller_summary, decision_reasons, policy_target_s,
+                                             write_arm_points)
+from dlfp.analysis.tables.dlfpg import dlfpg_ablation, dlfpg_targets, worst_gap_bound_s, write_dlfpg
 from dlfp.analysis.tables.dlfps import (DLFPS_ARM, dlfps_ablation, dlfps_targets, evaluation_frame,
                                         write_dlfps)
 from dlfp.analysis.tables.fidelity import FIDELITY_COLUMNS, fidelity_effect, fidelity_errors, write_fidelity
@@ -62,11 +64,13 @@ __all__ = [
     "ARM_POINT_COLUMNS", "CHANGE_METRICS", "DEFAULT_TARGET_S", "DLFPS_ARM", "FIDELITY_COLUMNS", "FIXED_CAP_PREFIX",
     "PARALLEL_MIN_TRIALS", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS", "PVR_COLUMNS", "ROOT_CAUSE_COLUMNS",
     "SIM_EMU_ITL_TOL", "SIM_VS_EMU_COLUMNS", "TABLE_NAMES", "LoadedTrial", "TraceSet", "arm_order", "arm_points",
-    "cap_trajectory", "change_pct", "controller_summary", "dlfps_ablation", "dlfps_targets", "empty_pvr",
+    "cap_trajectory", "change_pct", "controller_summary", "decision_reasons", "dlfpg_ablation", "dlfpg_targets",
+    "dlfps_ablation", "dlfps_targets", "empty_pvr",
     "evaluation_frame", "fidelity_effect", "fidelity_errors", "format_frame", "guarded_iterations", "guarded_of",
     "headline", "headline_markdown_frame", "headline_per_seed", "itl_samples", "load_published", "load_traces",
     "measured_token_ids", "paired", "policy_target_s", "problems_frame", "published_vs_reproduced",
     "pvr_markdown_frame", "root_cause", "sim_vs_emu", "sim_vs_emu_markdown_frame", "to_markdown", "token_agreement",
-    "trial_summaries", "write_arm_points", "write_dlfps", "write_fidelity", "write_headline", "write_problems",
+    "trial_summaries", "worst_gap_bound_s", "write_arm_points", "write_dlfpg",
+    "write_dlfps", "write_fidelity", "write_headline", "write_problems",
     "write_published_vs_reproduced", "write_root_cause", "write_sim_vs_emu", "write_table", "write_tables",
 ]

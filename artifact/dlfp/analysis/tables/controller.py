@@ -41,10 +41,27 @@ def cap_trajectory(trial: Trial) -> pd.DataFrame:
     })
 
 
+def decision_reasons(trial: Trial, iterations) -> np.ndarray | None:
+    """The decision reason of each of ``iterations`` (shape ``(n,)`` of str) from ``metadata["decisions"]``.
+
+    ``None`` when the trial's policy logs no reasons. An iteration before the first recorded decision gets "".
+    """
+    dec = trial.metadata.get("decisions")
+    if not isinstance(dec, dict) or not dec.get("start_iteration"):
+        return None
+    starts = np.asarray(dec["start_iteration"], dtype=np.int64)
+    names = np.asarray(list(dec["reasons"]) + [""], dtype=object)
+    idx = np.searchsorted(starts, np.asarray(iterations, dtype=np.int64), side="right") - 1
+    codes = np.where(idx >= 0, np.asarray(dec["code"], dtype=np.int64)[np.maximum(idx, 0)], len(names) - 1)
+    return names[codes].astype(str)
+
+
 def policy_target_s(lt: LoadedTrial) -> float | None:
     """The arm's controller target (seconds) from its config, else from metadata; ``None`` for a non-adaptive arm."""
     if lt.config is not None and lt.arm in lt.config.arms:
         pc = lt.config.arms[lt.arm]
+        if pc.policy == "dlfpg":  # DLFP-G's decode-gap objective
+            return float(pc.options.get("itl_target_s") or lt.config.slo.itl_s)
         return float(pc.target_s) if pc.policy in ("dlfp", "dlfps") else None
     pol = lt.trial.metadata.get("policy")
     if isinstance(pol, dict) and pol.get("target_s") is not None:
@@ -103,4 +120,4 @@ def write_arm_points(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
 
 
 __all__ = ["ARM_POINT_COLUMNS", "DEFAULT_TARGET_S", "arm_points", "cap_trajectory", "controller_summary",
-           "policy_target_s", "write_arm_points"]
+           "decision_reasons", "policy_target_s", "write_arm_points"]

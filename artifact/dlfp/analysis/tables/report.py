@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlfp.analysis.tables.controller import write_arm_points
+from dlfp.analysis.tables.dlfpg import write_dlfpg
 from dlfp.analysis.tables.dlfps import write_dlfps
 from dlfp.analysis.tables.fidelity import write_fidelity
 from dlfp.analysis.tables.loading import TraceSet, load_traces
@@ -15,17 +16,20 @@ from dlfp.analysis.tables.summaries import write_headline
 
 #: Tables ``write_tables`` always writes, in order (``<name>.csv`` and ``<name>.md`` each).
 TABLE_NAMES = ["problems", "headline_per_seed", "headline", "published_vs_reproduced", "root_cause", "arm_points",
-               "sim_vs_emu", "dlfps_targets", "dlfps_ablation"]
+               "sim_vs_emu", "dlfps_targets", "dlfps_ablation", "dlfpg_targets", "dlfpg_frontier", "dlfpg_ablation"]
+#: Where ``dlfp dlfpg-dev`` leaves DLFP-G's development-set runs, under the results folder.
+DLFPG_DEV_CSV = Path("dlfpg") / "dev.csv"
 
 
 def write_tables(ts: TraceSet, results_dir: str | Path, published_csv: str | Path,
-                 fidelity_dir: str | Path | None = None) -> list[str]:
+                 fidelity_dir: str | Path | None = None, dlfpg_dev: str | Path | None = None) -> list[str]:
     """Write every table of ``figures.ipynb`` into ``results_dir`` (for the byte-for-byte regression test).
 
     ``fidelity_dir`` defaults to ``<results_dir>/fidelity``; the fidelity
-    tables are written only when ``dlfp validate-sim`` left its output there.
-    Returns the names of the tables written (``TABLE_NAMES``, then
-    ``fidelity_errors``/``fidelity_effect`` where written).
+    tables are written only when ``dlfp validate-sim`` left its output there;
+    ``dlfpg_dev`` (default ``<results_dir>/DLFPG_DEV_CSV``) likewise for
+    ``dlfpg_dev``. Returns the names of the tables written (``TABLE_NAMES``,
+    then ``fidelity_errors``/``fidelity_effect``/``dlfpg_dev`` where written).
     """
     results_dir = Path(results_dir)
     write_problems(ts, results_dir)
@@ -35,9 +39,11 @@ def write_tables(ts: TraceSet, results_dir: str | Path, published_csv: str | Pat
     write_arm_points(ts, results_dir)
     write_sim_vs_emu(ts, results_dir)
     write_dlfps(ts, results_dir)
+    dev = Path(dlfpg_dev) if dlfpg_dev is not None else results_dir / DLFPG_DEV_CSV
+    write_dlfpg(ts, results_dir, dev)
     err, eff = write_fidelity(fidelity_dir if fidelity_dir is not None else results_dir / "fidelity", results_dir)
     return (list(TABLE_NAMES) + (["fidelity_errors"] if err is not None else [])
-            + (["fidelity_effect"] if eff is not None else []))
+            + (["fidelity_effect"] if eff is not None else []) + (["dlfpg_dev"] if dev.exists() else []))
 
 
 #: Suffix of the folder a partial render writes into, beside the results folder it would otherwise replace.
@@ -76,8 +82,8 @@ def render_tables(traces_dir: str | Path, results_dir: str | Path, published_csv
     ts = load_traces(traces_dir, allow_partial=allow_partial)
     out = partial_results_dir(results_dir) if allow_partial else Path(results_dir)
     fid = Path(fidelity_dir) if fidelity_dir is not None else Path(results_dir) / "fidelity"
-    return out, write_tables(ts, out, published_csv, fidelity_dir=fid)
+    return out, write_tables(ts, out, published_csv, fidelity_dir=fid, dlfpg_dev=Path(results_dir) / DLFPG_DEV_CSV)
 
 
-__all__ = ["PARTIAL_SUFFIX", "TABLE_NAMES", "check_traces", "partial_results_dir", "render_tables",
+__all__ = ["DLFPG_DEV_CSV", "PARTIAL_SUFFIX", "TABLE_NAMES", "check_traces", "partial_results_dir", "render_tables",
            "write_tables"]

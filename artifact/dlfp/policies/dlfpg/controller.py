@@ -191,6 +191,8 @@ class DLFPG(PolicyBase):
             c, r = self._issued.popleft()
             if c == cap:
                 return r
+        if not self.options.use_estimate:  # a chunk this policy did not issue (a test driving observe alone)
+            return "proportional"
         return "estimate" if self.estimate_ready else "warmup"
 
     def observe(self, obs: Observation) -> None:
