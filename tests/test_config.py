@@ -220,11 +220,13 @@ def test_config_path_that_is_a_directory(tmp_path):
 def test_policy_name_comes_from_the_registry(tmp_path):
     data = copy.deepcopy(BASE)
     data["arms"]["dlfp"] = {"policy": "pid"}
-    with pytest.raises(ConfigError, match=r"field arms\.dlfp\.policy: unknown policy 'pid'; known: dlfp, dlfps, fixed, "
-                                          r"nocap$"):
+    with pytest.raises(ConfigError, match=r"field arms\.dlfp\.policy: unknown policy 'pid'; known: dlfp, dlfpg, "
+                                          r"dlfps, fixed, nocap$"):
         load_experiment(write(tmp_path, data))
-    for name, entry in POLICIES.items():  # every entry builds from its config fields alone
-        pc = PolicyConfig(policy=name, cap=512 if "cap" in entry.cls.config_fields else None)
+    slo = {"itl_s": 0.1, "ttft_s": 2.0}
+    for name, entry in POLICIES.items():  # every entry builds from its config fields and the SLO values it takes
+        pc = PolicyConfig(policy=name, cap=512 if "cap" in entry.cls.config_fields else None,
+                          options={opt: slo[fld] for opt, fld in entry.slo_options.items()})
         pol = build_policy(pc)
         assert type(pol) is entry.cls and pol.name == name
 

@@ -99,6 +99,17 @@ EXPECTED_SIGNS: dict[tuple[str, str], int] = {
     ("qwen3-8b-long-prompt", "p99_e2el"): +1,  # not in the paper; sim +1.9 %
     ("qwen3-8b-long-prompt", "slo_passes"): -1,  # not in the paper; sim 16 -> 0 passes
     ("qwen3-8b-long-prompt", "energy_per_token"): +1,  # not in the paper; sim +0.6 %
+    # --- the same shape on 0.6B TP1, and 8 decodes beside one 32,000-token prompt on 32B TP2 (one seed each)
+    ("qwen3-0.6b-tp1-long-prompt", "p99_itl"): +1,  # not in the paper; sim +533 %
+    ("qwen3-0.6b-tp1-long-prompt", "p99_ttft"): +1,  # not in the paper; sim +9.8 %
+    ("qwen3-0.6b-tp1-long-prompt", "p99_e2el"): +1,  # not in the paper; sim +1.3 %
+    ("qwen3-0.6b-tp1-long-prompt", "slo_passes"): 0,  # not in the paper; sim 17 -> 17 passes
+    ("qwen3-0.6b-tp1-long-prompt", "energy_per_token"): +1,  # not in the paper; sim +0.6 %
+    ("qwen3-32b-tp2-long-prompt", "p99_itl"): +1,  # not in the paper; sim +871 %
+    ("qwen3-32b-tp2-long-prompt", "p99_ttft"): +1,  # not in the paper; sim +15.6 %
+    ("qwen3-32b-tp2-long-prompt", "p99_e2el"): +1,  # not in the paper; sim +1.0 %
+    ("qwen3-32b-tp2-long-prompt", "slo_passes"): -1,  # not in the paper; sim 8 -> 0 passes
+    ("qwen3-32b-tp2-long-prompt", "energy_per_token"): +1,  # not in the paper; sim +0.5 %
 }
 
 

@@ -296,15 +296,11 @@ def cap_trajectory_figure(ts: TraceSet, backend: str, experiment: str, arm: str 
         ax_cap.step(ct["time_s"], ct["cap"], where="post", color=pal[arm], lw=1.0, label=f"cap in force ({arm})",
                     rasterized=len(ct) > 5000)
         reasons = tables.decision_reasons(lt.trial, g["iteration"].to_numpy())
-        if reasons is None:
-            ax_cap.plot(g["time_s"], g["cap"], "o", ms=2.5, color=pal[arm], alpha=0.6, label="guarded iteration",
-                        rasterized=True)
-        else:  # DLFP-G logs why each chunk was chosen: one colour per reason
-            colours = dict(zip(sorted(set(reasons)), sns.color_palette("Dark2", 8)))
-            for r, c in colours.items():
-                m = reasons == r
-                ax_cap.plot(g["time_s"].to_numpy()[m], g["cap"].to_numpy()[m], "o", ms=2.5, color=c, alpha=0.7,
-                            label=f"guarded: {r}", rasterized=True)
+        marks = [("guarded iteration", pal[arm], np.ones(len(g), bool))] if reasons is None else [
+            (f"guarded: {r}", c, reasons == r) for r, c in zip(sorted(set(reasons)), sns.color_palette("Dark2", 8))]
+        for label, c, m in marks:  # DLFP-G logs why each chunk was chosen: one colour per reason
+            ax_cap.plot(g["time_s"].to_numpy()[m], g["cap"].to_numpy()[m], "o", ms=2.5, color=c, alpha=0.6,
+                        label=label, rasterized=True)
         ax_cap.set_ylabel("prefill cap (tokens)")
         ax_cap.legend(fontsize=7, loc="upper right")
     ax_cap.set_title(f"{_title(backend, experiment)}: {arm}, seed {lt.seed}{_group_problems(ts, backend, experiment)}",
