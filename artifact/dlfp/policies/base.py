@@ -33,9 +33,10 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 Signal = Literal["host_cadence", "device_completion"]
 SIGNALS: tuple[str, ...] = ("host_cadence", "device_completion")
@@ -205,6 +206,27 @@ class PolicyOptions(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    #: the policy's name in error messages (``<name> option <field>: ...``)
+    policy_name: ClassVar[str] = "policy"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "PolicyOptions":
+        """The validated options of a constructor call.
+
+        Raises:
+            ValueError: one line, ``<policy_name> option <name>: <message>`` for the first bad option
+                (``<policy_name> options: <message>`` when options disagree).
+        """
+        try:
+            return cls.model_validate(dict(options))
+        except ValidationError as e:
+            err = e.errors()[0]
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = f"unknown option; known: {', '.join(cls.model_fields)}"
+            loc = ".".join(str(x) for x in err["loc"])
+            where = f"{cls.policy_name} option {loc}" if loc else f"{cls.policy_name} options"
+            raise ValueError(f"{where}: {msg}") from None
 
 
 class PolicyBase:

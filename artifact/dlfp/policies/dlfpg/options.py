@@ -12,10 +12,9 @@ option <name>: ...`` from the constructor).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, StrictBool, StrictInt, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from dlfp.policies.base import OptionFloat, PolicyOptions
 
@@ -43,6 +42,7 @@ class DLFPGOptions(PolicyOptions):
             multiples of ``quantum`` or out of order, or a missing ``itl_target_s``.
     """
 
+    policy_name: ClassVar[str] = "dlfpg"
     itl_target_s: OptionFloat | None = Field(default=None, gt=0)
     ttft_budget_s: OptionFloat | None = Field(default=None, gt=0)
     headroom: OptionFloat = Field(default=0.25, ge=0, lt=1)
@@ -69,24 +69,6 @@ class DLFPGOptions(PolicyOptions):
             raise ValueError(f"initial_chunk={self.initial_chunk} is outside "
                              f"[min_chunk={self.min_chunk}, max_chunk={self.max_chunk}]")
         return self
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "DLFPGOptions":
-        """The validated options of a constructor call.
-
-        Raises:
-            ValueError: one line, ``dlfpg option <name>: <message>`` for the first bad option
-                (``dlfpg options: <message>`` when options disagree).
-        """
-        try:
-            return cls.model_validate(dict(options))
-        except ValidationError as e:
-            err = e.errors()[0]
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown option; known: {', '.join(cls.model_fields)}"
-            where = f"dlfpg option {'.'.join(str(x) for x in err['loc'])}" if err["loc"] else "dlfpg options"
-            raise ValueError(f"{where}: {msg}") from None
 
 
 #: Option name -> default, in declaration order.

@@ -7,10 +7,9 @@ from the experiment config, ``dlfps option <name>: ...`` from the constructor).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, StrictBool, StrictInt, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 
 from dlfp.policies.base import OptionFloat, PolicyOptions
 
@@ -32,6 +31,7 @@ class DLFPSOptions(PolicyOptions):
             tail_window``.
     """
 
+    policy_name: ClassVar[str] = "dlfps"
     use_estimator: StrictBool = True
     use_feasibility: StrictBool = True
     use_ttft_guard: StrictBool = True
@@ -57,24 +57,6 @@ class DLFPSOptions(PolicyOptions):
         if self.tail_min_samples > self.tail_window:
             raise ValueError(f"tail_min_samples={self.tail_min_samples} is larger than tail_window={self.tail_window}")
         return self
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> "DLFPSOptions":
-        """The validated options of a constructor call.
-
-        Raises:
-            ValueError: one line, ``dlfps option <name>: <message>`` for the first bad option
-                (``dlfps options: <message>`` when two options disagree).
-        """
-        try:
-            return cls.model_validate(dict(options))
-        except ValidationError as e:
-            err = e.errors()[0]
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown option; known: {', '.join(cls.model_fields)}"
-            where = f"dlfps option {'.'.join(str(x) for x in err['loc'])}" if err["loc"] else "dlfps options"
-            raise ValueError(f"{where}: {msg}") from None
 
 
 #: Option name -> default, in declaration order.
