@@ -59,3 +59,20 @@ def test_reproduce_carries_the_dlfpg_tables_verbatim(name):
     assert begin in text and end in text
     block = text.split(begin, 1)[1].split(end, 1)[0]
     assert block == (REPO / "data" / "results" / name).read_text()
+
+
+def test_the_development_set_uses_other_seeds_and_other_trace_windows():
+    from dlfp.config import load_experiment
+    from dlfp.studies.controller_dev import DEV_SEEDS, dev_config, dev_experiments
+
+    names = dev_experiments()
+    assert "qwen3-8b-long-prompt" not in names and "cpu-tiny" not in names  # request lists, CPU: not in it
+    assert {"qwen3-0.6b-tp1", "qwen3-8b-mooncake"} <= set(names)
+    cfg = dev_config("qwen3-0.6b-tp1-mooncake")
+    reported = load_experiment("qwen3-0.6b-tp1-mooncake").workload.trace.start_by_seed
+    dev = cfg.workload.trace.start_by_seed
+    assert cfg.seeds == list(DEV_SEEDS) and not set(DEV_SEEDS) & set(reported)
+    # a window of 100 nonmatching requests spans a few hundred trace rows: the starts are 2,000 rows apart
+    starts = sorted(list(dev.values()) + list(reported.values()))
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= 2000
+    assert set(cfg.arms) == {"baseline", "dlfp", "dlfpg"} | {a for a in cfg.arms if a.startswith("fixed-")}

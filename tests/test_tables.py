@@ -458,3 +458,18 @@ def test_pvr_per_seed_rows_judged_against_the_papers_interval(ts):
     assert r["within_interval"] is None and r["paper_interval"] == ""
     md = tables.pvr_markdown_frame(pvr)
     assert set(md["within paper's interval"]) == {"yes", "n/a"}
+
+
+@pytest.mark.parametrize("metadata, model", [
+    ({"sim": {"device_assumptions": {"device_model": "kernel"}}}, "kernel"),
+    ({"engine": {"emu_settings": {"device": {"assumptions": {"device_model": "roofline"}},
+                                  "host": {"engine_loop_s": 0.0}}}}, "roofline"),  # the experiment's own choice
+    ({"engine": {"emu_settings": {"device": {"assumptions": {}}, "host": {"engine_loop_s": 0.0}}}}, "kernel"),
+    ({"engine": {"emu_settings": {"device": {"assumptions": {}}, "host": {"prep_base_s": 1e-4}}}}, "roofline"),
+])
+def test_the_device_model_of_a_trace_is_read_from_what_it_recorded(metadata, model):
+    from types import SimpleNamespace
+
+    from dlfp.analysis.tables.sim_vs_emu import device_model_of
+
+    assert device_model_of(SimpleNamespace(trial=SimpleNamespace(metadata=metadata))) == model

@@ -149,12 +149,18 @@ def sim_vs_emu_markdown_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def device_model_of(lt) -> str:
     """Which device model timed a modelled trial: ``metadata.sim.device_assumptions.device_model`` (simulator)
-    or ``metadata.engine.emu_settings.device.assumptions.device_model`` (emulator); traces recorded before the
-    field existed used the roofline."""
+    or ``metadata.engine.emu_settings.device.assumptions.device_model`` (emulator, when the experiment sets it).
+
+    An emulator trace records only the assumptions its experiment overrides, so without the field it ran the
+    default of its code: the kernel-level model once its host costs carry ``engine_loop_s`` (a field added after
+    the kernel-level model became the default), the roofline before.
+    """
     md = lt.trial.metadata
-    a = ((md.get("sim") or {}).get("device_assumptions")
-         or (((md.get("engine") or {}).get("emu_settings") or {}).get("device") or {}).get("assumptions") or {})
-    return str(a.get("device_model", "roofline"))
+    emu = (md.get("engine") or {}).get("emu_settings") or {}
+    a = (md.get("sim") or {}).get("device_assumptions") or (emu.get("device") or {}).get("assumptions") or {}
+    if "device_model" in a:
+        return str(a["device_model"])
+    return "kernel" if "engine_loop_s" in (emu.get("host") or {}) else "roofline"
 
 
 def device_model_note(ts: TraceSet, experiments) -> str | None:
