@@ -263,8 +263,10 @@ def test_the_experiment_slo_reaches_the_policies_that_take_it(tmp_path):
     assert cfg.arms["own-slo"].options == {"ttft_slo_s": 7.5}
     assert cfg.arms["dlfp"].options == {} and cfg.arms["baseline"].options == {}
     assert build_policy(cfg.arms["dlfps"]).ttft_slo_s == 2.0
-    # the filled value is part of the resolved config, so overrides keep it (as a written one would be)
-    assert cfg.with_overrides({"slo.ttft_s": 4.0}).arms["dlfps"].options["ttft_slo_s"] == 2.0
+    # an override of the SLO reaches the arms that follow it; an arm's own value stays
+    over = cfg.with_overrides({"slo.ttft_s": 4.0})
+    assert over.arms["dlfps"].options["ttft_slo_s"] == 4.0 and over.arms["own-slo"].options == {"ttft_slo_s": 7.5}
+    assert list(over.arms["dlfps"].options.items()) == [("ttft_slo_s", 4.0), ("use_estimator", False)]
     # a config built in Python gets it too
     assert ExperimentConfig.model_validate(cfg.model_dump()).arms["dlfps"].options["ttft_slo_s"] == 2.0
 

@@ -249,7 +249,8 @@ def test_the_worst_decode_gap_stays_within_the_smallest_chunk_bound(experiment):
     assert itl_samples(base).max() > 10 * bound  # the stall the controller exists for
     assert itl_samples(g).max() <= bound
     reasons = decision_reasons(g, g.iterations["iteration"].to_numpy())
-    assert set(reasons) <= {"warmup", "estimate", "max_chunk", "trust_limit", "infeasible", "ttft_guard", "no_cap"}
+    assert set(reasons) <= {"warmup", "estimate", "max_chunk", "trust_limit", "infeasible", "ttft_guard", "no_cap",
+                            "no_prefill"}
     if experiment.startswith("qwen3-32b"):  # 8 decodes at 32B TP2: even 128 tokens deep in the prompt overrun
         assert (reasons == "infeasible").sum() > 0
 
@@ -308,3 +309,83 @@ def test_the_vllm_scheduler_passes_context_times_by_the_timer_and_logs_reasons(t
     assert [r["reason"] for r in rows] == [d.reason for d in s.dlfp_policy.decisions]
     assert rows[0]["reason"] == "no_cap" and rows[-1]["reason"] == "warmup"
     assert np.isclose(rows[-1]["device_time_s"], 0.042)
+
+
+# ---------------------------------------------------------------------------- configuration a user writes
+
+
+def test_an_arm_naming_only_the_policy_runs_on_completion_timing():
+    from dlfp.config import PolicyConfig, build_policy
+
+    pc = PolicyConfig(policy="dlfpg", options={"itl_target_s": 0.1})
+    assert pc.signal == "device_completion" and build_policy(pc).signal == "device_completion"
+    assert PolicyConfig(policy="dlfp").signal == "host_cadence"  # the paper's controller keeps the paper's signal
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"target_s": 0.05}, "target_s is not used when policy=dlfpg"),
+    ({"quantum": 64}, "quantum is not used when policy=dlfpg"),
+    ({"options": {"itl_target_s": 0.1, "headroom": "0.3"}}, "expected a number, got the string '0.3'"),
+    ({"options": {"itl_target_s": 0.1, "min_chunk": 8192, "max_chunk": 4096}},
+     "min_chunk=8192 is larger than max_chunk=4096"),
+    ({"options": {}}, "options.itl_target_s is required"),
+])
+def test_settings_dlfpg_would_ignore_or_misread_are_refused(fields, needle):
+    from pydantic import ValidationError
+
+    from dlfp.config import PolicyConfig
+
+    with pytest.raises((ValidationError, ValueError)) as ei:
+        PolicyConfig(**{"policy": "dlfpg", "options": {"itl_target_s": 0.1}, **fields})
+    assert needle in str(ei.value)
+
+
+def test_an_slo_override_reaches_the_objective_unless_the_arm_sets_it():
+    cfg = load_experiment("qwen3-8b-long-prompt", {"slo.itl_s": 0.05, "slo.ttft_s": 3.0})
+    assert cfg.arms["dlfpg"].options == {"itl_target_s": 0.05, "ttft_budget_s": 3.0}
+    assert cfg.arms["dlfps"].options["ttft_slo_s"] == 3.0
+    own = load_experiment("qwen3-8b-long-prompt", {"arms.dlfpg.options": {"itl_target_s": 0.2}, "slo.itl_s": 0.05})
+    assert own.arms["dlfpg"].options["itl_target_s"] == 0.2
+
+
+def test_an_iteration_that_prefilled_nothing_is_logged_as_such():
+    pol = DLFPG(itl_target_s=TARGET)
+    cap = pol.prefill_cap(3)
+    pol.observe(Observation(0, 0.0, 0, 3, cap, device_time_s=0.01))
+    assert pol.decisions[-1].reason == "no_prefill"
+
+
+def test_a_corrupt_decision_log_is_refused_when_the_trial_loads(tmp_path):
+    import json
+    import shutil
+
+    from dlfp.backends.sim.runner import run_trial
+    from dlfp.traces.format import TraceError, load_trial, trial_dir, write_trial
+
+    write_trial(run_trial(load_experiment("qwen3-8b-long-prompt"), "dlfpg", 801), tmp_path)
+    path = trial_dir(tmp_path, "sim", "qwen3-8b-long-prompt", "dlfpg", 801)
+    good = json.loads((path / "metadata.json").read_text())
+    assert load_trial(path).metadata["decisions"] == good["decisions"]
+    for corrupt, needle in [({"code": [99] * len(good["decisions"]["code"])}, "code names no reason"),
+                            ({"start_iteration": good["decisions"]["start_iteration"][::-1]}, "not strictly"),
+                            ({"reasons": None}, "reasons must be a list")]:
+        shutil.copy(path / "metadata.json", tmp_path / "keep.json")
+        (path / "metadata.json").write_text(json.dumps({**good, "decisions": {**good["decisions"], **corrupt}}))
+        with pytest.raises(TraceError, match=f"metadata.json: field decisions .*{needle}"):
+            load_trial(path)
+        shutil.copy(tmp_path / "keep.json", path / "metadata.json")
+
+
+def test_a_development_run_of_a_subset_keeps_the_other_experiments(tmp_path):
+    import pandas as pd
+
+    from dlfp.studies.controller_dev import COLUMNS, main_dev, write_dev
+
+    row = dict(zip(COLUMNS, ["a", "dlfpg", 901, 0.1, 1.0, 5, 0.2]))
+    write_dev(pd.DataFrame([row, {**row, "experiment": "b"}]), tmp_path)
+    write_dev(pd.DataFrame([{**row, "experiment": "b", "slo_passes": 7}]), tmp_path)
+    df = pd.read_csv(tmp_path / "dev.csv")
+    assert list(df["experiment"]) == ["a", "b"] and list(df["slo_passes"]) == [5, 7]
+    assert main_dev(["--jobs", "0"]) == 2
+    (tmp_path / "file").write_text("x")
+    assert main_dev(["--experiments", "qwen3-8b-r0.10", "--out", str(tmp_path / "file")]) == 2

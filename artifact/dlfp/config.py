@@ -13,6 +13,7 @@ paper leaves unstated are listed under ``assumptions`` with their reason.
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,7 +23,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       model_serializer, model_validator)
 
 from dlfp.paths import EXPERIMENTS_DIR
-from dlfp.policies.base import Policy, reject_bool
+from dlfp.policies.base import Policy, PolicyOptions, reject_bool
 from dlfp.policies.dlfp import (PAPER_GAIN, PAPER_INITIAL_CAP, PAPER_MAX_CAP, PAPER_MIN_CAP, PAPER_QUANTUM,
                                 PAPER_TARGET_S)
 from dlfp.policies.registry import POLICIES, policies_taking, policy_entry
@@ -201,6 +202,18 @@ class PolicyConfig(_Strict):
     gain: Float = Field(default=PAPER_GAIN, gt=0)
     options: dict[str, Any] = Field(default_factory=dict, description="policy options, checked by its options model")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_default_signal(cls, data: Any) -> Any:
+        """An arm that names no ``signal`` gets its policy's own default (``device_completion`` for DLFP-G)."""
+        if isinstance(data, dict) and "signal" not in data and isinstance(data.get("policy"), str) \
+                and data["policy"] in POLICIES:
+            default = inspect.signature(POLICIES[data["policy"]].cls.__init__).parameters.get("signal")
+            if default is not None and default.default is not inspect.Parameter.empty \
+                    and default.default != "host_cadence":
+                data = {**data, "signal": default.default}
+        return data
+
     @field_validator("policy")
     @classmethod
     def _registered(cls, v: str) -> str:
@@ -222,8 +235,17 @@ class PolicyConfig(_Strict):
         if not takes_cap and self.cap is not None:
             users = "/".join(policies_taking("cap"))
             raise ValueError(f"cap is only used when policy={users} (policy={self.policy}); remove it")
+        unused = [f for f in _CONTROLLER_FIELDS if getattr(self, f) != type(self).model_fields[f].default
+                  and f not in policy_entry(self.policy).cls.config_fields]  # (a dump repeats the defaults)
+        if unused and policy_entry(self.policy).options is not PolicyOptions:  # a policy with options of its own
+            raise ValueError(f"{unused[0]} is not used when policy={self.policy} (its settings are under options); "
+                             f"remove it")
         build_policy(self)  # constructing the policy runs its own checks (clamp, quantum)
         return self
+
+
+#: PolicyConfig fields of the paper's controller, passed only to the policies whose ``config_fields`` name them.
+_CONTROLLER_FIELDS = ("target_s", "initial_cap", "min_cap", "max_cap", "quantum", "gain")
 
 
 def _fill_slo_options(arm: Any, slo: "SLO") -> Any:
@@ -327,6 +349,8 @@ class ExperimentConfig(_Strict):
         if not overrides:
             return self
         data = self.model_dump()
+        if any(k == "slo" or k.startswith("slo.") for k in overrides):
+            _unfill_slo_options(data, self.slo)  # refilled from the overridden SLO by validation
         for key, value in overrides.items():
             node = data
             parts = key.split(".")
@@ -339,6 +363,21 @@ class ExperimentConfig(_Strict):
                 raise ConfigError(f"override {key!r}: no field {parts[-1]!r} in experiment {self.name!r}")
             node[parts[-1]] = copy.deepcopy(value)
         return _validate(data, f"experiment {self.name!r} with overrides {overrides}")
+
+
+def _unfill_slo_options(data: dict, slo: "SLO") -> None:
+    """Drop from each arm's options the values its policy took from ``slo`` (``PolicyEntry.slo_options``).
+
+    Validation fills them in again from the experiment's SLO, so an override of the SLO reaches the policies
+    that follow it. An arm that wrote the same value as the SLO itself follows the new SLO too.
+    """
+    for arm in data.get("arms", {}).values():
+        entry = POLICIES.get(arm.get("policy")) if isinstance(arm, dict) else None
+        if entry is None or not isinstance(arm.get("options"), dict):
+            continue
+        for opt, fld in entry.slo_options.items():
+            if opt in arm["options"] and arm["options"][opt] == getattr(slo, fld):
+                del arm["options"][opt]
 
 
 def _validate(data: dict, where: str) -> ExperimentConfig:

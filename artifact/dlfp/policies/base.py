@@ -193,8 +193,19 @@ def reject_bool(v: Any) -> Any:
     return v
 
 
-#: A float option that rejects booleans; non-finite values are rejected by ``PolicyOptions``.
-OptionFloat = Annotated[float, BeforeValidator(reject_bool)]
+def reject_bool_or_str(v: Any) -> Any:
+    """``v`` unchanged unless it is a boolean or a string (``headroom: "0.3"`` is quoted by mistake).
+
+    Raises:
+        ValueError: ``v`` is a boolean or a string.
+    """
+    if isinstance(v, str):
+        raise ValueError(f"expected a number, got the string {v!r}")
+    return reject_bool(v)
+
+
+#: A float option that rejects booleans and strings; non-finite values are rejected by ``PolicyOptions``.
+OptionFloat = Annotated[float, BeforeValidator(reject_bool_or_str)]
 
 
 class PolicyOptions(BaseModel):
@@ -325,4 +336,5 @@ __all__ = [
     "quantize",
     "reason_runs",
     "reject_bool",
+    "reject_bool_or_str",
 ]

@@ -87,8 +87,24 @@ def run_dev(experiments: Sequence[str] | None = None, *, workers: int = 2) -> pd
 
 
 def write_dev(df: pd.DataFrame, out_dir: str | Path) -> Path:
-    """Write ``dev.csv`` atomically under ``out_dir`` (by default ``data/results/dlfpg``); returns its path."""
+    """Write ``dev.csv`` atomically under ``out_dir`` (by default ``data/results/dlfpg``); returns its path.
+
+    Rows of experiments ``df`` does not cover are kept from the file already there (a run of a subset replaces
+    only its own experiments); rows are sorted by experiment, arm and seed.
+
+    Raises:
+        ValueError: the file there is not a development-set table (one line naming it).
+    """
     path = Path(out_dir) / "dev.csv"
+    if path.exists():
+        try:
+            old = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a development-set table ({e})") from None
+        if list(old.columns) != COLUMNS:
+            raise ValueError(f"{path}: not a development-set table (columns {list(old.columns)})")
+        df = pd.concat([old[~old["experiment"].isin(set(df["experiment"]))], df], ignore_index=True)
+    df = df.sort_values(["experiment", "arm", "seed"], kind="stable").reset_index(drop=True)
     atomic_write(path, df.to_csv(index=False))
     return path
 
@@ -96,7 +112,8 @@ def write_dev(df: pd.DataFrame, out_dir: str | Path) -> Path:
 def main_dev(argv: Sequence[str] | None = None) -> int:
     """``dlfp dlfpg-dev [--experiments ...] [--out DIR] [--jobs N]``: run the development set, write its CSV.
 
-    Returns 0, or 2 (with one line) for an unknown experiment.
+    Returns 0; 2 with one line for an unknown experiment, ``--jobs`` below 1 or an ``--out`` that is not a
+    directory; 130 / 143 when interrupted (nothing is written).
     """
     import argparse
     import sys
@@ -112,17 +129,31 @@ def main_dev(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output directory (default data/results/dlfpg)")
     ap.add_argument("--jobs", type=int, default=None, help="worker processes (default $DLFP_JOBS or the CPU count)")
     args = ap.parse_args(list(argv or []))
+    if args.jobs is not None and args.jobs < 1:
+        print(f"dlfp dlfpg-dev: error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     known = dev_experiments()
     bad = [e for e in args.experiments or [] if e not in known]
     if bad:
         print(f"dlfp dlfpg-dev: error: {bad[0]!r} is not in the development set; known: {', '.join(known)}",
               file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else (default_results_dir() / DLFPG_DEV_CSV).parent
-    df = run_dev(args.experiments, workers=worker_count("sim", args.jobs))
-    from dlfp.pipeline import display_path
+    from dlfp.pipeline import PipelineError, check_output_dir, display_path, interrupts
 
-    print(f"dlfpg-dev: {len(df)} runs -> {display_path(write_dev(df, out))}")
+    out = Path(args.out) if args.out else (default_results_dir() / DLFPG_DEV_CSV).parent
+    try:
+        check_output_dir(out, "--out")
+        df = run_dev(args.experiments, workers=worker_count("sim", args.jobs))
+        path = write_dev(df, out)
+    except (PipelineError, ValueError) as e:
+        print(f"dlfp dlfpg-dev: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:  # nothing is written until every run is done: the table is unchanged
+        sig = interrupts.signal_of(e)
+        print(f"dlfp dlfpg-dev: interrupted; nothing written ({display_path(out / 'dev.csv')} unchanged)",
+              file=sys.stderr)
+        return interrupts.EXIT_STATUS[sig]
+    print(f"dlfpg-dev: {len(df)} runs -> {display_path(path)}")
     return 0
 
 

@@ -330,6 +330,34 @@ def validate(trial: Trial, where: str = "") -> None:
                 raise TraceError(f"{f_it}: field {c} has negative values")
         if trial.metadata.get("backend") in ("sim", "emu"):  # one modelled serial device: batches end in order
             _check_nondecreasing(it["device_end_s"].to_numpy(dtype=float), f_it, "device_end_s")
+    if "decisions" in trial.metadata:
+        _check_decisions(trial.metadata["decisions"], f"{where}/metadata.json")
+
+
+def _check_decisions(dec: Any, where: str) -> None:
+    """``metadata["decisions"]`` (``dlfp.policies.base.reason_runs``): reason names, and runs that start at
+    strictly increasing iterations with a code naming one of them.
+
+    Raises:
+        TraceError: naming ``where`` and the field.
+    """
+    def bad(why: str) -> TraceError:
+        return TraceError(f"{where}: field decisions {why}")
+
+    if not isinstance(dec, dict) or any(k not in dec for k in ("reasons", "start_iteration", "code")):
+        raise bad("must be an object with reasons, start_iteration and code")
+    names, starts, codes = dec["reasons"], dec["start_iteration"], dec["code"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise bad("reasons must be a list of names")
+    for name, v in (("start_iteration", starts), ("code", codes)):
+        if not isinstance(v, list) or not all(type(x) is int for x in v):
+            raise bad(f"{name} must be a list of integers")
+    if len(starts) != len(codes):
+        raise bad("start_iteration and code differ in length")
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise bad("start_iteration is not strictly increasing")
+    if any(not 0 <= c < len(names) for c in codes):
+        raise bad(f"code names no reason (reasons has {len(names)})")
 
 
 def load_trial(path: str | Path) -> Trial:

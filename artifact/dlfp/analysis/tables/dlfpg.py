@@ -210,6 +210,9 @@ def write_dlfpg(ts: TraceSet, results_dir: str | Path, dev_csv: str | Path | Non
     """Write ``dlfpg_targets``, ``dlfpg_frontier``, ``dlfpg_ablation`` and, with ``dev_csv``, ``dlfpg_dev``.
 
     Each as ``.csv`` and ``.md``; returns the target table.
+
+    Raises:
+        ValueError: ``dev_csv`` exists but is not a development-set table (one line naming it).
     """
     tt, front = dlfpg_targets(ts)
     ab = dlfpg_ablation(ts)
@@ -217,7 +220,8 @@ def write_dlfpg(ts: TraceSet, results_dir: str | Path, dev_csv: str | Path | Non
     label = "DLFP-G (this artifact's own controller, not the paper's)"
     write_table(mark_incomplete(tt, ts), results_dir, "dlfpg_targets",
                 markdown=mark_incomplete(tt[["backend", "target", "experiment", "reached", "detail"]], ts),
-                title=f"{label} against its targets, seeds 801-803 (what is reached, not what was hoped)",
+                title=f"{label} against its targets, seeds 801-803 (801 alone for request lists; what is reached, "
+                      "not what was hoped)",
                 notes=none + ["worst_gap: request-list experiments, bound = 1.25 x the device model's time of one "
                               "smallest-allowed chunk at the long prompt's deepest context plus the decode batch.",
                               "frontier: on or below the fixed-cap frontier interpolated between caps at DLFP-G's "
@@ -234,7 +238,15 @@ def write_dlfpg(ts: TraceSet, results_dir: str | Path, dev_csv: str | Path | Non
                 notes=none + ["ΔP99 in percent, negative = lower than the baseline; 95 % paired t-interval over "
                               "seeds; SLO passes summed over seeds; worst decode gap in ms (largest over seeds)."])
     if dev_csv is not None and Path(dev_csv).exists():
-        dt = dev_targets(pd.read_csv(dev_csv))
+        from dlfp.studies.controller_dev import COLUMNS
+
+        try:
+            dev = pd.read_csv(dev_csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            raise ValueError(f"{dev_csv}: not a development-set table ({e})") from None
+        if list(dev.columns) != COLUMNS:
+            raise ValueError(f"{dev_csv}: not a development-set table (columns {list(dev.columns)})")
+        dt = dev_targets(dev)
         write_table(dt, results_dir, "dlfpg_dev",
                     markdown=dt[["target", "experiment", "seeds", "reached", "detail"]],
                     title=f"{label} on the development seeds 901-903, where its constants were chosen",

@@ -37,7 +37,8 @@ Decision reasons (``Decision.reason``, one per ``observe`` call; the reason the
 observed iteration's chunk was chosen): ``warmup``, ``proportional``,
 ``estimate``, ``max_chunk`` (the objective allows the largest chunk),
 ``trust_limit``, ``infeasible``, ``ttft_guard``; ``no_cap`` for iterations run
-without a cap (no decode). ``cap_after`` is the chunk the controller would
+without a cap (no decode), ``no_prefill`` for iterations under a cap that
+scheduled no prefill (decodes only). ``cap_after`` is the chunk the controller would
 choose after learning from the iteration, for its decodes and the context that
 follows its chunk.
 
@@ -54,7 +55,7 @@ from dlfp.policies.dlfpg.estimator import CostEstimator, chunk_pairs
 from dlfp.policies.dlfpg.options import DEFAULT_OPTIONS, DLFPGOptions
 
 REASONS: tuple[str, ...] = ("warmup", "proportional", "estimate", "max_chunk", "trust_limit", "infeasible",
-                            "ttft_guard", "no_cap")
+                            "ttft_guard", "no_cap", "no_prefill")
 _NO_CONTEXT = ScheduleContext()
 
 
@@ -219,6 +220,8 @@ class DLFPG(PolicyBase):
         if iv is not None and p > 0:
             self._proportional(obs, p, iv)
         reason = self._reason_of(obs.cap)
+        if obs.cap is not None and p == 0:  # the chunk was issued but nothing prefilled: no decision took effect
+            reason = "no_prefill"
         self.reason_counts[reason] = self.reason_counts.get(reason, 0) + 1
         after = None
         if obs.num_decodes > 0:  # the chunk for the same decodes, at the context after this chunk

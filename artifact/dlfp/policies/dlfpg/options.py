@@ -61,7 +61,10 @@ class DLFPGOptions(PolicyOptions):
     @model_validator(mode="after")
     def _chunks_agree(self) -> "DLFPGOptions":
         if self.itl_target_s is None:
-            raise ValueError("itl_target_s is required (the experiment's slo.itl_s fills it in)")
+            raise ValueError("options.itl_target_s is required: the decode-gap objective in seconds (an "
+                             "experiment fills it in from its slo.itl_s)")
+        if self.min_chunk > self.max_chunk:
+            raise ValueError(f"min_chunk={self.min_chunk} is larger than max_chunk={self.max_chunk}")
         for name in ("min_chunk", "max_chunk", "initial_chunk"):
             if getattr(self, name) % self.quantum:
                 raise ValueError(f"{name}={getattr(self, name)} is not a multiple of quantum={self.quantum}")
