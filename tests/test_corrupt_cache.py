@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(not (SOURCE / "emu" / EXP).is_dir(), reason="com
 @pytest.fixture
 def traces(tmp_path):
     root = tmp_path / "traces"
-    shutil.copytree(SOURCE / "emu" / EXP, root / "emu" / EXP,
-                    ignore=shutil.ignore_patterns("*.ipynb", "*.md", "*.csv"))
+    for arm in ("baseline", "dlfp"):  # the two arms these checks are written for
+        shutil.copytree(SOURCE / "emu" / EXP / arm, root / "emu" / EXP / arm,
+                        ignore=shutil.ignore_patterns("*.ipynb", "*.md", "*.csv"))
     return root
 
 
