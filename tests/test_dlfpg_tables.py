@@ -76,3 +76,12 @@ def test_the_development_set_uses_other_seeds_and_other_trace_windows():
     starts = sorted(list(dev.values()) + list(reported.values()))
     assert min(b - a for a, b in zip(starts, starts[1:])) >= 2000
     assert set(cfg.arms) == {"baseline", "dlfp", "dlfpg"} | {a for a in cfg.arms if a.startswith("fixed-")}
+
+
+def test_a_malformed_development_table_is_one_line_naming_the_file(tmp_path):
+    from dlfp.studies.controller_dev import read_dev
+
+    for text in ("", "experiment,arm\nx,y\n"):
+        (tmp_path / "dev.csv").write_text(text)
+        with pytest.raises(ValueError, match=r"dev\.csv: not a development-set table"):
+            read_dev(tmp_path / "dev.csv")

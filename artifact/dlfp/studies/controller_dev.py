@@ -86,6 +86,21 @@ def run_dev(experiments: Sequence[str] | None = None, *, workers: int = 2) -> pd
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def read_dev(path: str | Path) -> pd.DataFrame:
+    """The development-set table at ``path`` (columns ``COLUMNS``).
+
+    Raises:
+        ValueError: it is not one (unreadable, empty, or other columns); one line naming the file.
+    """
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a development-set table ({e})") from None
+    if list(df.columns) != COLUMNS:
+        raise ValueError(f"{path}: not a development-set table (columns {list(df.columns)})")
+    return df
+
+
 def write_dev(df: pd.DataFrame, out_dir: str | Path) -> Path:
     """Write ``dev.csv`` atomically under ``out_dir`` (by default ``data/results/dlfpg``); returns its path.
 
@@ -97,12 +112,7 @@ def write_dev(df: pd.DataFrame, out_dir: str | Path) -> Path:
     """
     path = Path(out_dir) / "dev.csv"
     if path.exists():
-        try:
-            old = pd.read_csv(path)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a development-set table ({e})") from None
-        if list(old.columns) != COLUMNS:
-            raise ValueError(f"{path}: not a development-set table (columns {list(old.columns)})")
+        old = read_dev(path)
         df = pd.concat([old[~old["experiment"].isin(set(df["experiment"]))], df], ignore_index=True)
     df = df.sort_values(["experiment", "arm", "seed"], kind="stable").reset_index(drop=True)
     atomic_write(path, df.to_csv(index=False))
@@ -157,5 +167,5 @@ def main_dev(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["COLUMNS", "DEV_ARMS", "DEV_SEEDS", "dev_config", "dev_experiments", "main_dev", "run_dev", "worst_gap_s",
-           "write_dev"]
+__all__ = ["COLUMNS", "DEV_ARMS", "DEV_SEEDS", "DEV_TRACE_START", "dev_config", "dev_experiments", "main_dev",
+           "read_dev", "run_dev", "worst_gap_s", "write_dev"]

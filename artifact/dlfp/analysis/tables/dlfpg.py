@@ -238,15 +238,9 @@ def write_dlfpg(ts: TraceSet, results_dir: str | Path, dev_csv: str | Path | Non
                 notes=none + ["ΔP99 in percent, negative = lower than the baseline; 95 % paired t-interval over "
                               "seeds; SLO passes summed over seeds; worst decode gap in ms (largest over seeds)."])
     if dev_csv is not None and Path(dev_csv).exists():
-        from dlfp.studies.controller_dev import COLUMNS
+        from dlfp.studies.controller_dev import read_dev
 
-        try:
-            dev = pd.read_csv(dev_csv)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-            raise ValueError(f"{dev_csv}: not a development-set table ({e})") from None
-        if list(dev.columns) != COLUMNS:
-            raise ValueError(f"{dev_csv}: not a development-set table (columns {list(dev.columns)})")
-        dt = dev_targets(dev)
+        dt = dev_targets(read_dev(dev_csv))
         write_table(dt, results_dir, "dlfpg_dev",
                     markdown=dt[["target", "experiment", "seeds", "reached", "detail"]],
                     title=f"{label} on the development seeds 901-903, where its constants were chosen",
