@@ -206,6 +206,12 @@ def itl_samples(trial: Trial) -> np.ndarray:
     return _itl_samples(trial, _measured_tokens(trial))
 
 
+def worst_gap_s(trial: Trial) -> float:
+    """The largest gap (seconds) between two consecutive tokens of one measured, completed request; NaN if none."""
+    gaps = itl_samples(trial)
+    return float(gaps.max()) if len(gaps) else float("nan")
+
+
 def _itl_samples(trial: Trial, tk: pd.DataFrame) -> np.ndarray:
     rq = trial.measured_requests
     n_tok = tk.groupby("request_id", sort=False).size()
@@ -325,4 +331,5 @@ __all__ = [
     "summarize_trials",
     "summary_to_ms",
     "to_ms",
+    "worst_gap_s",
 ]

@@ -37,12 +37,6 @@ DEV_TRACE_START: dict[int, int] = {901: 2000, 902: 6000, 903: 10000}
 COLUMNS = ["experiment", "arm", "seed", "itl_p99_s", "ttft_p99_s", "slo_passes", "worst_gap_s"]
 
 
-def worst_gap_s(trial) -> float:
-    """The largest gap (seconds) between two consecutive tokens of one measured request; NaN without any."""
-    gaps = metrics.itl_samples(trial)
-    return float(gaps.max()) if len(gaps) else float("nan")
-
-
 def dev_experiments() -> list[str]:
     """Shipped experiments of the development set: simulator-runnable, not a request list."""
     out = []
@@ -74,7 +68,7 @@ def _one(job: tuple[str, str, int]) -> dict:
     trial = run_trial(cfg, arm, seed)
     s = metrics.summarize(trial, cfg.slo)
     return {"experiment": name, "arm": arm, "seed": seed, "itl_p99_s": s["itl_p99_s"], "ttft_p99_s": s["ttft_p99_s"],
-            "slo_passes": s["slo_passes"], "worst_gap_s": worst_gap_s(trial)}
+            "slo_passes": s["slo_passes"], "worst_gap_s": metrics.worst_gap_s(trial)}
 
 
 def run_dev(experiments: Sequence[str] | None = None, *, workers: int = 2) -> pd.DataFrame:
@@ -168,4 +162,4 @@ def main_dev(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["COLUMNS", "DEV_ARMS", "DEV_SEEDS", "DEV_TRACE_START", "dev_config", "dev_experiments", "main_dev",
-           "read_dev", "run_dev", "worst_gap_s", "write_dev"]
+           "read_dev", "run_dev", "write_dev"]

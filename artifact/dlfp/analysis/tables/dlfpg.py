@@ -71,14 +71,13 @@ def worst_gap_bound_s(cfg, arm: str = DLFPG_ARM) -> float:
 
 
 def worst_gaps(ts: TraceSet, backend: str) -> pd.DataFrame:
-    """Per trial of ``backend``: experiment, arm, seed, worst_gap_s (largest gap between two tokens of a request)."""
-    rows = []
-    for lt in ts.trials:
-        if lt.backend == backend:
-            gaps = metrics.itl_samples(lt.trial)
-            rows.append(dict(experiment=lt.experiment, arm=lt.arm, seed=lt.seed,
-                             worst_gap_s=float(gaps.max()) if len(gaps) else float("nan")))
-    return pd.DataFrame(rows, columns=["experiment", "arm", "seed", "worst_gap_s"])
+    """Per trial of ``backend``: experiment, arm, seed, worst_gap_s (``metrics.worst_gap_s``; computed once per set)."""
+    def compute() -> pd.DataFrame:
+        rows = [dict(experiment=lt.experiment, arm=lt.arm, seed=lt.seed, worst_gap_s=metrics.worst_gap_s(lt.trial))
+                for lt in ts.trials if lt.backend == backend]
+        return pd.DataFrame(rows, columns=["experiment", "arm", "seed", "worst_gap_s"])
+
+    return ts.cached(f"dlfpg_worst_gaps:{backend}", compute)
 
 
 def _backends(ts: TraceSet) -> list[str]:

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from dlfp.backends.sim.scheduler import FINISHED, Scheduler, SimRequest
-from dlfp.devices.batch import scheduled_features
+from dlfp.devices.batch import chunk_pairs, scheduled_features
 from dlfp.devices.host import HostCosts
 from dlfp.devices.roofline import DeviceModel
 from dlfp.policies import base as ctl
@@ -118,7 +118,7 @@ class _Run:
                 if dec:
                     dctx += c
                 else:
-                    pairs += k * c + k * (k + 1) * 0.5
+                    pairs += chunk_pairs(k, c)
             obs.prefill_pairs, obs.decode_context_tokens = float(pairs), dctx
         decs = e._decisions
         nd = len(decs) if decs is not None else 0

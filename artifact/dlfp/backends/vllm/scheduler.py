@@ -109,6 +109,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from dlfp.config import PolicyConfig, build_policy
 from dlfp.backends.vllm.cuda_timing import install_forward_timer
+from dlfp.devices.batch import chunk_pairs
 from dlfp.policies.base import Observation, ScheduleContext
 
 ENV_POLICY = "DLFP_POLICY_JSON"
@@ -421,8 +422,7 @@ def _batch_context(out, partial: list) -> tuple[float, int]:
     nst = out.num_scheduled_tokens
     pairs = 0.0
     for nr in out.scheduled_new_reqs:
-        n, c = nst[nr.req_id], nr.num_computed_tokens
-        pairs += n * c + n * (n + 1) * 0.5
+        pairs += chunk_pairs(nst[nr.req_id], nr.num_computed_tokens)
     cached = out.scheduled_cached_reqs
     prefill_ids = set(cached.resumed_req_ids) | {r.request_id for r in partial}
     dctx = 0
@@ -431,7 +431,7 @@ def _batch_context(out, partial: list) -> tuple[float, int]:
         if not n:
             continue
         if rid in prefill_ids:
-            pairs += n * c + n * (n + 1) * 0.5
+            pairs += chunk_pairs(n, c)
         else:
             dctx += c
     return pairs, dctx

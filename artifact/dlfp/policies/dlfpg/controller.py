@@ -87,7 +87,6 @@ class DLFPG(PolicyBase):
         self.chunk = o.initial_chunk  # the proportional law's state
         self._issued: deque[tuple[int, str]] = deque(maxlen=64)  # (chunk, reason) per capped prefill_cap call
         self.guard_grants = 0
-        self.reason_counts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the estimate
     @property
@@ -222,7 +221,6 @@ class DLFPG(PolicyBase):
         reason = self._reason_of(obs.cap)
         if obs.cap is not None and p == 0:  # the chunk was issued but nothing prefilled: no decision took effect
             reason = "no_prefill"
-        self.reason_counts[reason] = self.reason_counts.get(reason, 0) + 1
         after = None
         if obs.num_decodes > 0:  # the chunk for the same decodes, at the context after this chunk
             ctx_before = (pairs - p * (p + 1) * 0.5) / p if p else 0.0

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from dlfp.devices.batch import chunk_pairs  # the one count of causal attention pairs (re-exported here)
+
 # Regressor scales, for numerical conditioning only: prefill tokens / 1e3, pairs / 1e6, decodes / 1e2,
 # decode context tokens / 1e5 (a fit is invariant to them apart from the weak prior).
 _SCALES_CONTEXT = np.array([1.0, 1e3, 1e6, 1e2, 1e5])
 _SCALES_PLAIN = np.array([1.0, 1e3, 1e2])
 _PRIOR_VAR = 1.0e4  # initial covariance diagonal: a weak prior
 _MAX_TRACE = 1.0e8  # covariance trace bound: stops forgetting-induced windup in unexcited directions
-
-
-def chunk_pairs(tokens: int, context: int) -> float:
-    """Causal attention pairs of one prefill chunk of ``tokens`` new tokens after ``context`` cached ones."""
-    return tokens * context + tokens * (tokens + 1) * 0.5
 
 
 class CostEstimator:
