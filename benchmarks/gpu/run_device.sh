@@ -3,8 +3,8 @@
 #
 #   benchmarks/gpu/run_device.sh [--tiny]        # writes into $OUT (default ./torch-device-out)
 #
-# 1. the torch backend's plan (dlfp.studies.torch_device): Qwen3-8B request list sync and async, then the Qwen3-0.6B
-#    headline configuration, baseline / DLFP / DLFP-G: gpu.json, runs.csv, torch-traces.tar.gz;
+# 1. the torch backend's plan (dlfp.studies.torch_device): Qwen3-8B request list async, the Qwen3-0.6B
+#    headline configuration, the 8B list sync; baseline / DLFP / DLFP-G: gpu.json, runs.csv, torch-traces.tar.gz;
 # 2. one Qwen3 decoder layer at the shapes those runs hit (benchmarks/gpu/measure_layers.py --grid torch):
 #    measure_layers.csv.
 # About 6 minutes on an H200. --tiny rehearses both on the CPU (tiny model, fp32) in about a minute.

@@ -9,8 +9,8 @@ calls) writes into ``DIR``:
 * ``runs.csv``: one row per planned trial with its state (``done``, ``skipped``: past the budget, ``failed``: the
   error) and its wall time in seconds.
 
-The plan (``PLAN`` on a GPU, ``TINY_PLAN`` with ``--tiny``) runs the 8B request list first (sync and async), then
-the 0.6B headline configuration; a trial is not started once ``budget_s`` seconds have passed since the start.
+The plan (``PLAN`` on a GPU, ``TINY_PLAN`` with ``--tiny``) runs the 8B request list (async), the 0.6B headline
+configuration (seed by seed, every arm of a seed together), then the 8B list with sync scheduling; a trial is not started once ``budget_s`` seconds have passed since the start.
 Every trial of the plan uses the same random weights per model (``backend_options.torch.weight_seed``).
 
 Raises (as one line on stderr, exit 2): a GPU plan on a machine without CUDA; an output folder that is not
@@ -31,9 +31,9 @@ from pathlib import Path
 
 #: (experiment, arms, seeds) in run order on a GPU.
 PLAN = (
-    ("torch-qwen3-8b-long-prompt-h200-sync", ("baseline", "dlfp", "dlfpg"), (801,)),
     ("torch-qwen3-8b-long-prompt-h200", ("baseline", "dlfp", "dlfpg"), (801,)),
     ("torch-qwen3-0.6b-h200", ("baseline", "dlfp", "dlfpg"), (801, 802, 803)),
+    ("torch-qwen3-8b-long-prompt-h200-sync", ("baseline", "dlfp", "dlfpg"), (801,)),
 )
 #: The CPU rehearsal: the same shape of plan on the tiny model.
 TINY_PLAN = (
