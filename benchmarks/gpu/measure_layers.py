@@ -9,7 +9,8 @@ with random BF16 weights per model, and times with ``torch.cuda.Event`` after wa
     context tokens (KV cache pre-filled) plus ``d`` decodes at 8,192 context;
 (c) ``attention``: the attention of the same chunks (and of the decodes) alone, through
     ``torch.nn.functional.scaled_dot_product_attention`` with a lower-right causal mask
-    (``torch.nn.attention.bias.causal_lower_right``); on CUDA the flash backend is asserted usable.
+    (``torch.nn.attention.bias.causal_lower_right``); SDPA picks its backend (on an H200 with PyTorch 2.11 the
+    flash backend refused these non-square causal shapes, so the rows' ``note`` says whether GQA was passed).
 
 Models: ``qwen3-0.6b``, ``qwen3-8b``, and ``qwen3-32b`` with TP=2-sharded shapes (query/KV heads and MLP size
 divided by 2: one GPU's shard). The layer is a self-contained torch implementation of ``Qwen3DecoderLayer``
@@ -315,7 +316,7 @@ def run(out_path: Path, device: str = "cuda", tiny: bool = False, reps: int | No
     """Time the grid and write the CSV to ``out_path``; returns the path.
 
     Raises:
-        RuntimeError: CUDA requested but unavailable, or the flash backend not usable for a chunk on CUDA.
+        RuntimeError: CUDA requested but unavailable.
     """
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("CUDA requested but torch.cuda.is_available() is False (use --device cpu --tiny)")
@@ -345,8 +346,6 @@ def run(out_path: Path, device: str = "cuda", tiny: bool = False, reps: int | No
                 qt = torch.zeros(1, layer.nq, 256, layer.hd, device=device, dtype=dtype)
                 kt = torch.zeros(1, layer.nkv, 512, layer.hd, device=device, dtype=dtype)
                 layer.gqa = flash_usable(qt, kt, kt, True)
-                if not layer.gqa and not flash_usable(qt, kt, kt, False):
-                    raise RuntimeError(f"flash SDPA backend not usable for {model} (head dim {layer.hd}, {dtype})")
             note = "enable_gqa" if layer.gqa else "kv heads repeated"
             err, how = hf_check(load_config(model) if tp == 1 else cfg, layer, device, dtype)
             add(kind="check", model=model, tp_shard=tp, op="layer_vs_transformers", max_abs_err=err, note=how)
@@ -361,8 +360,6 @@ def run(out_path: Path, device: str = "cuda", tiny: bool = False, reps: int | No
                 for pr in p["priors"]:
                     kc, vc, _, _ = layer.caches(c, pr, 0, 1)
                     q = torch.randn(1, layer.nq, c, layer.hd, device=device, dtype=dtype)
-                    if device.startswith("cuda") and not flash_usable(q, kc, vc, layer.gqa):
-                        raise RuntimeError(f"flash SDPA backend not usable: {model} chunk {c} prior {pr}")
                     ms = timer(lambda: attention(q, kc, vc, layer.gqa), device, warmup, reps)
                     err = ""
                     if device == "cpu":

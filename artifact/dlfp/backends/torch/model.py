@@ -150,6 +150,10 @@ class KVPool:
         self.free = merged
 
 
+#: ``(enable_gqa, decode_mode)`` combinations ``Qwen3`` can run; the first is the default on the CPU.
+ATTENTION_MODES = ((True, "padded"), (False, "padded"), (True, "per_request"), (False, "per_request"))
+
+
 class Qwen3:
     """Random-weight Qwen3 on one device (see module docstring).
 
@@ -194,7 +198,10 @@ class Qwen3:
         # by the request's next decode (and by a recomputed prefill) without a round trip through the host
         self.out = torch.zeros(max_slots, max_outputs + 1, device=self.device, dtype=torch.int64)
 
+        # how attention runs (``ATTENTION_MODES``): grouped-query heads passed to SDPA (``enable_gqa``) or repeated
+        # first, and the decodes padded into one call or one call each; ``choose_attention`` measures which is fastest
         self.gqa = self._gqa_usable()
+        self.decode_mode = "padded"
 
     def _gqa_usable(self) -> bool:
         """Whether SDPA takes ``enable_gqa`` with a lower-right causal mask here; otherwise K/V heads are repeated."""
@@ -285,6 +292,10 @@ class Qwen3:
             start += e.tokens
         chunks = [(e, a, b) for e, (a, b) in zip(entries, spans) if not e.decode]
         dec = [(e, a) for e, (a, _b) in zip(entries, spans) if e.decode]
+        per_request = self.decode_mode == "per_request"
+        if per_request:  # each decode attends alone over its own range, like a one-token chunk without a mask
+            chunks = chunks + [(e, a, a + 1) for e, a in dec]
+            dec = []
         if dec:  # padded gather of the decodes' keys: [d, longest context] pool indices and a padding mask
             ctx = np.array([e.computed + 1 for e, _ in dec])
             lmax = int(ctx.max())
@@ -314,8 +325,8 @@ class Qwen3:
                 hi = e.computed + e.tokens
                 ke = heads(kp[e.base:e.base + hi].permute(1, 0, 2)[None])
                 ve = heads(vp[e.base:e.base + hi].permute(1, 0, 2)[None])
-                o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], ke, ve,
-                                                   attn_mask=causal_lower_right(e.tokens, hi), **kw)
+                mask_c = causal_lower_right(e.tokens, hi) if e.tokens > 1 else None
+                o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], ke, ve, attn_mask=mask_c, **kw)
                 att[a:b] = o[0].transpose(0, 1).reshape(e.tokens, nq)
             if dec:
                 kd = heads(kp[gather].permute(0, 2, 1, 3))  # [d, kv_heads, lmax, head_dim]
@@ -334,6 +345,59 @@ class Qwen3:
         cols = [min(e.computed + e.tokens - e.prompt.shape[0], self.out.shape[1] - 1) for e, _b in sampled]
         self.out[self.to_device([e.slot for e, _b in sampled]), self.to_device(cols)] = tok
         return tok
+
+
+def choose_attention(model: Qwen3, chunk: int = 2048, prior: int = 8192, decodes: int = 16,
+                     context: int = 4096, reps: int = 3) -> dict:
+    """Time every mode of ``ATTENTION_MODES`` that runs on this device on two batches (a chunk of ``chunk`` tokens
+    after ``prior`` cached ones beside ``decodes`` decodes at ``context``; the decodes alone), keep the fastest by
+    their summed time, and return ``{mode: milliseconds}`` with the choice under ``"chosen"``.
+
+    On CUDA with CUDA events after one warm-up, on the CPU with the wall clock. Uses pool positions from 0 and
+    output slot 0, so call it before a run. Raises ``ValueError`` when the pool is smaller than the batches.
+    """
+    import time
+
+    need = chunk + prior + decodes * (context + 1) + 2
+    if model.kv is None or model.kv.shape[2] < need:
+        raise ValueError(f"choose_attention: the KV pool needs {need} tokens")
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.shape.vocab, (prior + chunk,), generator=gen)
+    dprompt = torch.randint(0, model.shape.vocab, (context,), generator=gen)
+    if model.device.type == "cuda":
+        prompt, dprompt = prompt.pin_memory(), dprompt.pin_memory()
+    base = prior + chunk + 1
+    decs = [Entry(0, dprompt, context - 1, 1, False, base + i * (context + 1), decode=True) for i in range(decodes)]
+    mixed = [Entry(0, prompt, prior, chunk, False, 0)] + decs
+    cuda = model.device.type == "cuda"
+
+    def timed(batch: list[Entry]) -> float:
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            model.forward(batch)
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e)
+        t0 = time.perf_counter()
+        model.forward(batch)
+        return (time.perf_counter() - t0) * 1e3
+
+    can_gqa = model.gqa
+    out: dict = {}
+    for gqa, mode in ATTENTION_MODES:
+        if gqa and not can_gqa:
+            continue
+        model.gqa, model.decode_mode = gqa, mode
+        ms = 0.0
+        for batch in (mixed, decs):
+            timed(batch)
+            ms += sorted(timed(batch) for _ in range(reps))[reps // 2]
+        out[f"{'gqa' if gqa else 'repeat'}-{mode}"] = round(ms, 3)
+    best = min(out, key=out.get) if out else "repeat-padded"
+    model.gqa, model.decode_mode = best.startswith("gqa"), best.split("-", 1)[1]
+    out["chosen"] = best
+    return out
 
 
 def dtype_for(device: str) -> torch.dtype:
@@ -356,4 +420,5 @@ def check_fits(shape: Shape, dtype: torch.dtype, free_bytes: int, min_kv_tokens:
                             f"{need_kv / gib:.1f} GiB exceed the device's free memory {free_bytes / gib:.1f} GiB")
 
 
-__all__ = ["Entry", "HF_DIR", "KVPool", "ModelTooLarge", "Qwen3", "Shape", "check_fits", "dtype_for", "load_hf_config"]
+__all__ = ["ATTENTION_MODES", "Entry", "HF_DIR", "KVPool", "ModelTooLarge", "Qwen3", "Shape", "check_fits",
+           "choose_attention", "dtype_for", "load_hf_config"]

@@ -12,6 +12,8 @@ across arms is evidence (``Backend.modelled_outputs`` is false), not a property 
       kv_cache_gib: 2.0          # KV blocks on the CPU (GiB)
       weight_seed: 0             # seed of the random weights (the same in every arm and seed)
       max_seconds: 900           # wall-clock limit of one trial (s)
+      attention: auto            # auto (CUDA: the fastest mode measured at model build; CPU: gqa-padded) or one
+                                 # of gqa-padded, repeat-padded, gqa-per_request, repeat-per_request
 
 Energy: NVML's total-energy counter on a GPU (``dlfp.backends.vllm.runner.EnergyMeter``), else NaN with the
 reason. The experiment's ``gpu`` names the datasheet the device models predict with; the GPU that ran is recorded
@@ -33,7 +35,8 @@ from dlfp.policies.base import reason_runs
 from dlfp.traces.format import FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit, \
     package_versions
 
-_OPTION_KEYS = {"kv_cache_fraction", "kv_cache_gib", "weight_seed", "max_seconds"}
+_OPTION_KEYS = {"kv_cache_fraction", "kv_cache_gib", "weight_seed", "max_seconds", "attention"}
+_ATTENTION = ("auto", "gqa-padded", "repeat-padded", "gqa-per_request", "repeat-per_request")
 #: Tokens of the warm-up batch run once per model before the first trial (kernel selection, allocator, cuBLAS).
 WARMUP_PROMPT_TOKENS = 256
 
@@ -56,7 +59,12 @@ def options(cfg: ExperimentConfig) -> dict:
     bad = sorted(set(opts) - _OPTION_KEYS)
     if bad:
         raise ConfigError(f"field backend_options.torch.{bad[0]}: unknown; known: {', '.join(sorted(_OPTION_KEYS))}")
-    return {"kv_cache_fraction": 0.8, "kv_cache_gib": 2.0, "weight_seed": 0, "max_seconds": 900.0, **opts}
+    out = {"kv_cache_fraction": 0.8, "kv_cache_gib": 2.0, "weight_seed": 0, "max_seconds": 900.0, "attention": "auto",
+           **opts}
+    if out["attention"] not in _ATTENTION:
+        raise ConfigError(f"field backend_options.torch.attention: {out['attention']!r}; expected one of "
+                          f"{', '.join(_ATTENTION)}")
+    return out
 
 
 def device_for(cfg: ExperimentConfig) -> str:
@@ -126,12 +134,12 @@ def get_model(cfg: ExperimentConfig, device: str, opts: dict):
     """The ``Qwen3`` of ``cfg.model`` on ``device`` with its KV pool (``_pool_tokens``), built once per process and
     warmed up (a prefill, a decode and a mixed batch through every kernel path) before its first trial; only one
     model is kept."""
-    from dlfp.backends.torch.model import Entry, Qwen3, dtype_for, load_hf_config
+    from dlfp.backends.torch.model import Entry, Qwen3, choose_attention, dtype_for, load_hf_config
 
     torch = _torch()
     seed = int(opts["weight_seed"])
     key = (cfg.model, device, seed, cfg.max_model_len, cfg.max_num_seqs, _max_outputs(cfg), cfg.block_size,
-           float(opts["kv_cache_fraction"]), float(opts["kv_cache_gib"]))
+           float(opts["kv_cache_fraction"]), float(opts["kv_cache_gib"]), opts["attention"])
     m = _MODELS.get(key)
     if m is None:
         _MODELS.clear()
@@ -146,6 +154,17 @@ def get_model(cfg: ExperimentConfig, device: str, opts: dict):
                       [Entry(0, prompt, n + 1, 1, True, 0, decode=True),
                        Entry(1, prompt[:n // 2], 0, n // 2, True, n + 2)]):
             m.forward(batch)
+        mode = opts["attention"]
+        if mode == "auto" and device == "cuda":
+            m.attention = choose_attention(m)
+        else:
+            if mode == "auto":
+                mode = "gqa-padded" if m.gqa else "repeat-padded"
+            if mode.startswith("gqa") and not m.gqa:
+                raise ConfigError(f"field backend_options.torch.attention: {mode} needs enable_gqa, which SDPA "
+                                  "refuses here")
+            m.gqa, m.decode_mode = mode.startswith("gqa"), mode.split("-", 1)[1]
+            m.attention = {"chosen": mode}
         if device == "cuda":
             torch.cuda.synchronize()
         _MODELS[key] = m
@@ -250,6 +269,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
                      "description": f"1 x {gpu['name']} (torch backend: eager PyTorch, random weights, "
                                     f"{str(model.dtype).replace('torch.', '')})"},
         "torch": {"device": device, "dtype": str(model.dtype).replace("torch.", ""), "gqa": bool(model.gqa),
+                  "attention": dict(model.attention),
                   "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
                   "num_schedule_calls": res.num_schedule_calls, "weight_seed": int(opts["weight_seed"]),
                   "intra_op_threads": torch.get_num_threads(), "batches": res.batches},
