@@ -56,6 +56,7 @@ from dlfp.analysis.tables.sim_vs_emu import (SIM_EMU_ITL_TOL, SIM_VS_EMU_COLUMNS
                                              sim_vs_emu_markdown_frame, write_sim_vs_emu)
 from dlfp.analysis.tables.summaries import (CHANGE_METRICS, change_pct, headline, headline_markdown_frame,
                                             headline_per_seed, paired, trial_summaries, write_headline)
+from dlfp.analysis.tables.torch_gpu import write_torch_gpu
 from dlfp.analysis.tables.trial_frames import guarded_iterations, measured_token_ids, token_agreement
 
 __all__ = [
@@ -73,4 +74,5 @@ __all__ = [
     "trial_summaries", "worst_gap_bound_s", "write_arm_points", "write_dlfpg",
     "write_dlfps", "write_fidelity", "write_headline", "write_problems",
     "write_published_vs_reproduced", "write_root_cause", "write_sim_vs_emu", "write_table", "write_tables",
+    "write_torch_gpu",
 ]

@@ -13,10 +13,13 @@ from dlfp.analysis.tables.published import write_published_vs_reproduced
 from dlfp.analysis.tables.root_cause import write_root_cause
 from dlfp.analysis.tables.sim_vs_emu import write_sim_vs_emu
 from dlfp.analysis.tables.summaries import write_headline
+from dlfp.analysis.tables.torch_gpu import write_torch_gpu
 
 #: Tables ``write_tables`` always writes, in order (``<name>.csv`` and ``<name>.md`` each).
 TABLE_NAMES = ["problems", "headline_per_seed", "headline", "published_vs_reproduced", "root_cause", "arm_points",
-               "sim_vs_emu", "dlfps_targets", "dlfps_ablation", "dlfpg_targets", "dlfpg_frontier", "dlfpg_ablation"]
+               "sim_vs_emu", "dlfps_targets", "dlfps_ablation", "dlfpg_targets", "dlfpg_frontier", "dlfpg_ablation",
+               "torch_gpu_device_model", "torch_gpu_step_costs", "torch_gpu_decoupling", "torch_gpu_effects",
+               "torch_gpu_anchors"]
 #: Where ``dlfp dlfpg-dev`` leaves DLFP-G's development-set runs, under the results folder.
 DLFPG_DEV_CSV = Path("dlfpg") / "dev.csv"
 
@@ -41,6 +44,7 @@ def write_tables(ts: TraceSet, results_dir: str | Path, published_csv: str | Pat
     write_dlfps(ts, results_dir)
     dev = Path(dlfpg_dev) if dlfpg_dev is not None else results_dir / DLFPG_DEV_CSV
     write_dlfpg(ts, results_dir, dev)
+    write_torch_gpu(ts, results_dir)
     err, eff = write_fidelity(fidelity_dir if fidelity_dir is not None else results_dir / "fidelity", results_dir)
     return (list(TABLE_NAMES) + (["fidelity_errors"] if err is not None else [])
             + (["fidelity_effect"] if eff is not None else []) + (["dlfpg_dev"] if dev.exists() else []))
