@@ -278,6 +278,43 @@ def test_device_script_rehearsal(tmp_path):
     assert len(trials) == 6  # 2 experiments x 3 arms x 1 seed
     for d in trials:
         assert load_trial(d).metadata["backend"] == "torch"
+    from dlfp.analysis.tables.torch_gpu import step_cost_table
+
+    modes = tuple(f"{'gqa' if g else 'repeat'}-{d}" for g, d in ATTENTION_MODES)
+    sc = step_cost_table(tmp_path / "step_costs.csv", modes=modes)
+    assert len(sc) >= 3 * 2 and (sc["predicted_ms"] > 0).all() and (sc["device_ms"] > 0).all()
+
+
+def test_interrupted_plan_keeps_only_whole_trials(tmp_path, monkeypatch):
+    """Ctrl-C during the second trial: the first is on disk whole, nothing half-written loads, and --pack packs
+    exactly the first."""
+    from dlfp.backends import run_trial as real_run_trial
+    from dlfp.studies import torch_device
+
+    calls = []
+
+    def flaky(cfg, arm, seed, backend="sim", progress=None):
+        calls.append(arm)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run_trial(cfg, arm, seed, backend=backend)
+
+    monkeypatch.setattr("dlfp.backends.run_trial", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        torch_device.run(tmp_path, tiny=True, plan=torch_device.parse_select(
+            "torch-cpu-tiny:baseline:801,torch-cpu-tiny:dlfp:801"))
+    assert torch_device.main(["--out", str(tmp_path), "--pack"]) == 0
+    with tarfile.open(tmp_path / "torch-traces.tar.gz") as tar:
+        names = [n for n in tar.getnames() if n.endswith("metadata.json")]
+    assert names == ["torch/torch-cpu-tiny/baseline/seed-801/metadata.json"]
+    assert not (tmp_path / "traces").exists()
+
+
+def test_select_is_checked_before_anything_runs(tmp_path):
+    from dlfp.studies import torch_device
+
+    assert torch_device.main(["--out", str(tmp_path / "o"), "--tiny", "--select", "torch-cpu-tiny:baseline"]) == 2
+    assert not (tmp_path / "o").exists()
 
 
 # ----------------------------------------------------------------------------- the GPU tables

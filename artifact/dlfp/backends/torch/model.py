@@ -296,14 +296,8 @@ class Qwen3:
         if per_request:  # each decode attends alone over its own range, like a one-token chunk without a mask
             chunks = chunks + [(e, a, a + 1) for e, a in dec]
             dec = []
-        if dec:  # padded gather of the decodes' keys: [d, longest context] pool indices and a padding mask
-            ctx = np.array([e.computed + 1 for e, _ in dec])
-            lmax = int(ctx.max())
-            grid = np.minimum(np.arange(lmax)[None, :], ctx[:, None] - 1)
-            gather = self.to_device(np.array([e.base for e, _ in dec])[:, None] + grid)
-            pad = (self.to_device(np.arange(lmax)[None, :] < ctx[:, None]).bool() if len(dec) > 1 else None)
-            rows_dec = self.to_device([a for _e, a in dec])
-            mask = None if pad is None else pad[:, None, None, :]
+        if dec:
+            gather, mask, rows_dec = self._decode_batch(dec)
         nq, nkv, d = s.heads * s.head_dim, s.kv_heads * s.head_dim, s.head_dim
         gqa, rep = self.gqa, s.heads // s.kv_heads
         kw = {"enable_gqa": True} if gqa else {}
@@ -337,9 +331,22 @@ class Qwen3:
             y = self._rms(x, lw["ln2"])
             gate, up = (y @ lw["gate_up"].T).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ lw["down"].T
-        sampled = [(e, b) for e, (_a, b) in zip(entries, spans) if e.samples]
+        return self._sample(x, [(e, b) for e, (_a, b) in zip(entries, spans) if e.samples])
+
+    def _decode_batch(self, dec: list) -> tuple:
+        """The padded gather of the decodes' keys: pool indices ``[d, longest context]``, a boolean padding mask
+        ``[d, 1, 1, longest]`` (``None`` for one decode) and the decodes' rows in the batch, all on the device."""
+        ctx = np.array([e.computed + 1 for e, _ in dec])
+        lmax = int(ctx.max())
+        grid = np.minimum(np.arange(lmax)[None, :], ctx[:, None] - 1)
+        gather = self.to_device(np.array([e.base for e, _ in dec])[:, None] + grid)
+        pad = self.to_device(np.arange(lmax)[None, :] < ctx[:, None]).bool() if len(dec) > 1 else None
+        return gather, (None if pad is None else pad[:, None, None, :]), self.to_device([a for _e, a in dec])
+
+    def _sample(self, x: torch.Tensor, sampled: list) -> torch.Tensor:
+        """Greedy ids of the sampled rows (final norm, LM head, float32 argmax), written to the output buffer."""
         if not sampled:
-            return torch.zeros(0, dtype=torch.int64, device=dev)
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
         hs = self._rms(x[self.to_device([b - 1 for _e, b in sampled])], self.norm)
         tok = (hs @ self.lm_head.T).float().argmax(-1)
         cols = [min(e.computed + e.tokens - e.prompt.shape[0], self.out.shape[1] - 1) for e, _b in sampled]
