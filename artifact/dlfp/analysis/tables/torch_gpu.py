@@ -29,6 +29,7 @@ import pandas as pd
 from dlfp.analysis import metrics
 from dlfp.analysis.markdown import atomic_write, to_markdown, write_table
 from dlfp.analysis.tables.loading import TraceSet, guarded_of
+from dlfp.analysis.tables.root_cause import _pearson
 from dlfp.paths import REPO_ROOT
 
 #: Where the GPU run's step costs are kept (``benchmarks/gpu/step_costs.py`` output on the lent H200).
@@ -127,14 +128,6 @@ def step_cost_table(path: Path = STEP_COSTS_CSV, modes: tuple[str, ...] = (DEFAU
                      "device_ms": r.device_ms, "predicted_ms": metrics.to_ms(pred),
                      "error_pct": 100 * (metrics.to_ms(pred) / r.device_ms - 1)})
     return pd.DataFrame(rows)
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
-        return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def decoupling_table(ts: TraceSet) -> pd.DataFrame:

@@ -308,6 +308,22 @@ def _iteration_frame(rows: list[_Iteration], signal: str) -> pd.DataFrame:
     return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
 
 
+def check_engine_args(policy, scheduling: str, **limits: int) -> None:
+    """The engine arguments every engine loop shares: ``scheduling`` is sync or async, every limit is positive and
+    the policy's signal is known.
+
+    Raises:
+        ValueError: naming the field.
+    """
+    if scheduling not in ("sync", "async"):
+        raise ValueError(f"field scheduling: expected 'sync' or 'async', got {scheduling!r}")
+    for nm, v in limits.items():
+        if v <= 0:
+            raise ValueError(f"field {nm}: must be positive, got {v}")
+    if policy.signal not in ctl.SIGNALS:
+        raise ValueError(f"policy signal {policy.signal!r} unknown; expected one of {ctl.SIGNALS}")
+
+
 class SimEngine:
     """One serving engine instance (model x GPU x TP) driven by a request list.
 
@@ -325,14 +341,8 @@ class SimEngine:
     def __init__(self, device: DeviceModel, policy, *, scheduling: str = "async", max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, block_size: int = 16, num_gpu_blocks: int, max_model_len: int = 40960,
                  host: HostCosts | None = None, max_steps: int = 50_000_000):
-        if scheduling not in ("sync", "async"):
-            raise ValueError(f"field scheduling: expected 'sync' or 'async', got {scheduling!r}")
-        for nm, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
-                      ("block_size", block_size), ("num_gpu_blocks", num_gpu_blocks)):
-            if v <= 0:
-                raise ValueError(f"field {nm}: must be positive, got {v}")
-        if policy.signal not in ctl.SIGNALS:
-            raise ValueError(f"policy signal {policy.signal!r} unknown; expected one of {ctl.SIGNALS}")
+        check_engine_args(policy, scheduling, max_num_batched_tokens=max_num_batched_tokens,
+                          max_num_seqs=max_num_seqs, block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.dm = device
         self.policy = policy
         self.async_ = scheduling == "async"

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dlfp.backends.sim.engine import _Iteration, _iteration_frame
+from dlfp.backends.sim.engine import _Iteration, _iteration_frame, check_engine_args
 from dlfp.backends.sim.scheduler import FINISHED, Scheduler, SimRequest
 from dlfp.backends.torch.model import Entry, KVPool, Qwen3
 from dlfp.devices.batch import chunk_pairs, scheduled_features
@@ -88,14 +88,8 @@ class TorchEngine:
                  max_num_seqs: int, block_size: int, num_gpu_blocks: int, max_model_len: int,
                  clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
                  max_seconds: float = 3600.0):
-        if scheduling not in ("sync", "async"):
-            raise ValueError(f"field scheduling: expected 'sync' or 'async', got {scheduling!r}")
-        for nm, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs),
-                      ("block_size", block_size), ("num_gpu_blocks", num_gpu_blocks)):
-            if v <= 0:
-                raise ValueError(f"field {nm}: must be positive, got {v}")
-        if policy.signal not in ctl.SIGNALS:
-            raise ValueError(f"policy signal {policy.signal!r} unknown; expected one of {ctl.SIGNALS}")
+        check_engine_args(policy, scheduling, max_num_batched_tokens=max_num_batched_tokens,
+                          max_num_seqs=max_num_seqs, block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.model, self.device, self.policy = model, device, policy
         self.async_ = scheduling == "async"
         self.sched = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
