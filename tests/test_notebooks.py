@@ -17,7 +17,8 @@ import pytest
 from dlfp import pipeline
 from dlfp.traces.format import Trial, find_trials, load_trial, trial_dir, write_trial
 from dlfp.studies.validation_audit import audit_errors
-from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
+from dlfp.config import load_experiment
+from test_pipeline import EXP, TWO_ARMS, declare_experiment, write_fake_experiment
 
 NOTEBOOKS = ("experiment", "figures", "controller")
 
@@ -151,13 +152,13 @@ def test_run_all_on_the_simulator(tmp_path):
                         reason="simulator backend dlfp.backends.sim.runner is not installed yet")
     traces, results = tmp_path / "traces", tmp_path / "results"
     small = {"workload.num_requests": 5, "backend_options.frontier_caps": [1024], "arms": TWO_ARMS}
-    res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results,
-                           overrides=small)
+    declare_experiment(load_experiment(EXP, small))  # the experiment as this test declares it (kernels see it too)
+    res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results)
     exp_nb = traces / "sim" / EXP / "experiment.ipynb"
     assert res["notebooks"] == [exp_nb] and _errors(exp_nb) == []
     nb = nbformat.read(exp_nb, as_version=4)
     params = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
-    assert params and "workload.num_requests" in params[0].source
+    assert params and "seeds = [801]" in params[0].source
     dirs = find_trials(traces)
     assert [d.relative_to(traces).as_posix() for d in dirs] == [f"sim/{EXP}/baseline/seed-801",
                                                                 f"sim/{EXP}/dlfp/seed-801",

@@ -9,11 +9,12 @@ import pytest
 
 from dlfp import pipeline
 from dlfp.cli import main
+from dlfp.config import load_experiment
 from dlfp.pipeline import execute, verify
 from dlfp.traces.compare import trial_differences
 from dlfp.traces.format import find_trials, trial_dir, write_trial
 from test_cli import one_line_error
-from test_pipeline import EXP, SMALL, fake_trial
+from test_pipeline import EXP, SMALL, declare_experiment, fake_trial
 
 TINY = {"workload.num_requests": 5, "workload.num_warmup": 1, "workload.output_tokens": 8,
         "backend_options.frontier_caps": [], "arms": {"baseline": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}}}
@@ -51,9 +52,9 @@ def _plan(seeds=(801, 802)):
 
 def test_rerun_keeps_identical_trials_untouched_and_replaces_the_rest(tmp_path, capsys):
     shipped, fresh = tmp_path / "shipped", tmp_path / "fresh"
-    pipeline.run_experiment(EXP, backend="sim", out_dir=shipped, overrides=TINY, seeds=[801, 802], jobs=1,
+    pipeline.run_experiment(_plan()[0], backend="sim", out_dir=shipped, seeds=[801, 802], jobs=1,
                             progress=False)
-    pipeline.run_experiment(EXP, backend="sim", out_dir=fresh, overrides=TINY, seeds=[801, 802], jobs=1,
+    pipeline.run_experiment(_plan()[0], backend="sim", out_dir=fresh, seeds=[801, 802], jobs=1,
                             progress=False)  # the independent reference
     same = trial_dir(shipped, "sim", EXP, "dlfp", 801)
     stamp = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in same.iterdir()}
@@ -84,8 +85,9 @@ def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path
     monkeypatch.setenv(pipeline.ROOT_ENV, str(root))
     monkeypatch.setenv(pipeline.JOBS_ENV, "1")
     traces, results = root / "data" / "traces", root / "data" / "results"
+    declare_experiment(load_experiment(EXP, TINY))  # the experiment as declared here (the kernels see it too)
     args = ["run-all", "--backend", "sim", "--experiments", EXP, "--traces", str(traces),
-            "--results", str(results), "--no-progress"] + sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])
+            "--results", str(results), "--no-progress"]
     assert main(args) == 0
     nbs = [traces / "sim" / EXP / "experiment.ipynb", results / "figures.ipynb"]
     first = [p.read_bytes() for p in nbs]

@@ -24,15 +24,15 @@ SEEDS = (801, 802, 803)
 SLO_OVERRIDE = {"slo.itl_s": 0.15}  # dlfp's per-request P99 gap (~101..110 ms) passes, the baseline's (~202 ms) fails
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+@pytest.fixture
+def traces(tmp_path_factory):  # per test: the fakes' settings are declared in each test's own folder
     root = tmp_path_factory.mktemp("traces")
     write_fake_experiment(root, EXP, SEEDS, overrides=SLO_OVERRIDE)
     write_fake_experiment(root, "qwen3-8b-r0.10", SEEDS, flip_tokens=2, async_lag=True)
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ts(traces):
     return tables.load_traces(traces)
 
@@ -315,14 +315,15 @@ def _emu_twin(trial, extra_s=EMU_EXTRA_S):
     return Trial(trial.requests.copy(), tk, trial.iterations.copy(), md)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sim_emu(tmp_path_factory):
     from dlfp.config import load_experiment
     from dlfp.traces.format import write_trial
-    from test_pipeline import fake_trial
+    from test_pipeline import declare_experiment, fake_trial
 
     root = tmp_path_factory.mktemp("simemu")
     cfg = load_experiment(EXP, SMALL)
+    declare_experiment(cfg)
     for seed in SEEDS:
         for arm in cfg.arms:
             write_trial(fake_trial(cfg, arm, seed), root)  # sim: host interval = own device time

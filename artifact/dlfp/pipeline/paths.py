@@ -80,5 +80,18 @@ def check_output_dir(path: Path, what: str) -> Path:
     return p
 
 
-__all__ = ["ROOT_ENV", "check_output_dir", "default_published_csv", "default_results_dir", "default_traces_dir",
-           "display_path", "notebook_path", "notebooks_dir", "repo_root"]
+def check_quick_root(root: Path, quick: bool) -> None:
+    """Refuse a ``--quick`` smoke run whose traces would go into the shipped traces root ``data/traces``: its
+    trials have fewer requests than the experiment declares, so they may not stand in for the shipped ones.
+
+    Raises:
+        PipelineError: ``quick`` and ``root`` is ``default_traces_dir()``.
+    """
+    if quick and Path(root).resolve() == default_traces_dir().resolve():
+        raise PipelineError(f"--quick trials do not go into the shipped traces {display_path(root)}: leave out "
+                            f"--out/--traces (they go to {display_path(default_traces_dir(True))}) or name another "
+                            f"folder")
+
+
+__all__ = ["ROOT_ENV", "check_output_dir", "check_quick_root", "default_published_csv", "default_results_dir",
+           "default_traces_dir", "display_path", "notebook_path", "notebooks_dir", "repo_root"]

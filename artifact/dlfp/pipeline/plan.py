@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from dlfp.backends import BACKENDS, REGISTRY, Backend, get_backend
-from dlfp.config import ConfigError, ExperimentConfig, check_runnable, list_experiments, load_experiment
+from dlfp.config import (ConfigError, ExperimentConfig, check_runnable, experiment_file, first_difference,
+                         list_experiments, load_experiment)
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.progress import say
 from dlfp.traces.format import TraceError, load_trial
@@ -170,7 +171,35 @@ def load_config(experiment: str, overrides: dict[str, Any] | None = None, quick:
     Raises:
         ConfigError: unknown experiment (lists the known ones) or a bad override.
     """
-    return _overridden(load_experiment(experiment), overrides, quick, derive)
+    cfg = load_experiment(experiment)
+    check_own_name(experiment, cfg)
+    return _overridden(cfg, overrides, quick, derive)
+
+
+#: Config fields that document an experiment without changing what runs.
+_DOC_KEYS = ("description", "assumptions", "tags")
+
+
+def check_own_name(source: str | Path, cfg: ExperimentConfig) -> None:
+    """Refuse an experiment YAML given by path whose ``name`` is a declared experiment (``experiment_file``) but
+    whose settings differ from that declaration: its trials would land in the declared experiment's folder.
+
+    Raises:
+        ConfigError: naming the file, the experiment and the first differing field.
+    """
+    p = Path(source)
+    if p.suffix not in (".yaml", ".yml"):
+        return
+    declared_file = experiment_file(cfg.name)
+    if not declared_file.is_file() or declared_file.resolve() == p.resolve():
+        return
+    declared = load_experiment(cfg.name)
+    mine, theirs = ({k: v for k, v in _normalise(c.model_dump(mode="json")).items() if k not in _DOC_KEYS}
+                    for c in (cfg, declared))
+    diff = first_difference(mine, theirs)
+    if diff is not None:
+        raise ConfigError(f"{p}: names experiment {cfg.name!r} but differs from {declared_file} ({diff}); give it a "
+                          f"name of its own (field name) so its trials never replace those of {cfg.name}")
 
 
 def _overridden(cfg: ExperimentConfig, overrides: dict[str, Any] | None, quick: bool,
@@ -365,6 +394,7 @@ def default_matrix(backend: str, gpu: bool | None = None) -> list[str]:
 
 
 __all__ = ["BACKEND_ENV", "FRONTIER_PREFIX", "JOBS_ENV", "QUICK_NUM_REQUESTS", "auto_backend", "check_backend_config",
+           "check_own_name",
            "config_mismatch", "default_matrix", "derived_experiment", "experiment_backends", "frontier_overrides",
            "gpu_present", "load_config", "parse_overrides", "prepare_config", "quick_overrides", "resolve_backend",
            "select_arms", "select_seeds", "software_present", "trial_state", "worker_count"]
