@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlfp.config import (ConfigError, ExperimentConfig, experiment_file, first_difference, load_experiment,
-                         trial_config)
+                         trial_config, trial_config_sha256)
 from dlfp.paths import PACKAGE_DIR
 from dlfp.traces.format import TraceError, trial_dir
 
@@ -60,8 +60,8 @@ def declared_config(experiment: str) -> ExperimentConfig | None:
         return None
 
 
-def _declared_variants(cfg: ExperimentConfig, arm: str, shipped_root: bool) -> list[dict]:
-    """The trial configurations ``cfg`` allows for ``arm``: as declared (a ``fixed-<cap>`` arm of
+def _declared_variants(cfg: ExperimentConfig, arm: str, shipped_root: bool) -> list[ExperimentConfig]:
+    """The configurations ``cfg`` allows for a trial of ``arm``: as declared (a ``fixed-<cap>`` arm of
     ``backend_options.frontier_caps`` added), and, outside the shipped traces root, the ``--quick`` variant."""
     from dlfp.pipeline.plan import frontier_overrides, quick_overrides
 
@@ -70,9 +70,9 @@ def _declared_variants(cfg: ExperimentConfig, arm: str, shipped_root: bool) -> l
             cfg = cfg.with_overrides(frontier_overrides(cfg))
         except (ConfigError, TraceError, ValueError):
             pass
-    out = [trial_config(cfg, arm)]
+    out = [cfg]
     if not shipped_root and quick_overrides(cfg):
-        out.append(trial_config(cfg.with_overrides(quick_overrides(cfg)), arm))
+        out.append(cfg.with_overrides(quick_overrides(cfg)))
     return out
 
 
@@ -81,8 +81,9 @@ def config_problem(lt: LoadedTrial, declared: ExperimentConfig | None, reference
     """Why trial ``lt`` does not stand for its experiment (one line naming it and the first differing field), else
     ``None``.
 
-    Against ``declared`` (``declared_config``) when the experiment has a YAML; otherwise against ``reference``,
-    the group's first trial (a derived experiment's trials must all have run the same configuration).
+    Against ``declared`` (``declared_config``) when the experiment has a YAML (``dlfp.config.trial_config_sha256``
+    of the recorded configuration and of the declared one, for the trial's arm, must be equal); otherwise against
+    ``reference``, the group's first trial (a derived experiment's trials must all have run the same configuration).
     ``variants``: a dict this call may keep the declared variants of each arm in (for a set of trials).
     """
     recorded = lt.trial.metadata.get("config")
@@ -93,10 +94,11 @@ def config_problem(lt: LoadedTrial, declared: ExperimentConfig | None, reference
         cache = {} if variants is None else variants
         key = (declared.name, lt.arm, shipped_root)
         if key not in cache:
-            cache[key] = _declared_variants(declared, lt.arm, shipped_root)
-        if mine in cache[key]:
+            allowed = _declared_variants(declared, lt.arm, shipped_root)
+            cache[key] = (allowed[0], {trial_config_sha256(v, lt.arm) for v in allowed})
+        if trial_config_sha256(recorded, lt.arm) in cache[key][1]:
             return None
-        diff = first_difference(mine, cache[key][0])
+        diff = first_difference(mine, trial_config(cache[key][0], lt.arm))
         where = experiment_file(lt.experiment)
         where = where.relative_to(PACKAGE_DIR) if where.is_relative_to(PACKAGE_DIR) else where
         return (f"{lt.path}: its configuration is not the one {lt.experiment} declares (first difference "
