@@ -21,10 +21,10 @@ from dlfp.config import ExperimentConfig
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.notebooks import execute_experiment_notebook_checked, render_figures_checked
-from dlfp.pipeline.paths import (check_output_dir, check_quick_root, default_results_dir, default_traces_dir,
-                                 display_path)
-from dlfp.pipeline.plan import (check_backend_config, default_matrix, prepare_config, resolve_backend, select_arms,
-                                select_seeds, trial_state, worker_count)
+from dlfp.pipeline.paths import (check_output_dir, check_quick_root, check_writable, default_results_dir,
+                                 default_traces_dir, display_path)
+from dlfp.pipeline.plan import (check_arguments, check_backend_config, default_matrix, prepare_config, resolve_backend,
+                                select_arms, select_seeds, trial_state, worker_count)
 from dlfp.pipeline.pool import run_pool
 from dlfp.pipeline.progress import bars_enabled, progress_file, say
 from dlfp.traces.format import Trial, trial_dir, write_trial
@@ -109,12 +109,15 @@ def run_experiment(
 
     Raises:
         ConfigError: unknown experiment or bad override.
-        PipelineError: unknown backend, arm or seed request, a bad ``$DLFP_JOBS``, an output path that is a file,
-            ``quick`` into the shipped traces root.
+        PipelineError: unknown backend, arm or seed request, a bad ``$DLFP_JOBS``, an output path that is a file
+            or not writable, ``quick`` into the shipped traces root, an argument of the wrong type.
+        TraceError: the file system filled up while a trial was written (the directory and its free space).
         BackendUnavailable: the backend's software is not installed.
     """
     from tqdm import tqdm
 
+    check_arguments(experiment=experiment, backend=backend, seeds=seeds, arms=arms, out_dir=out_dir,
+                    overrides=overrides, force=force, quick=quick, frontier=frontier, jobs=jobs)
     progress = bars_enabled(progress)
     backend = resolve_backend(backend)
     cfg = prepare_config(experiment, backend, overrides=overrides, quick=quick, frontier=frontier,
@@ -126,6 +129,7 @@ def run_experiment(
                             "traces directory (--out)")
     jobs = worker_count(backend, jobs)
     check_quick_root(root, quick)
+    check_writable(root, "traces directory", "--out DIR")
     if overrides:
         base = experiment.name if isinstance(experiment, ExperimentConfig) else experiment
         say(f"dlfp: with --set overrides the trials are experiment {cfg.name}, in "
@@ -286,6 +290,8 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
         PipelineError: a notebook fails (the failed copy is kept and named).
     """
     t0 = time.perf_counter()
+    check_arguments(backend=backend, experiments=experiments, force=force, quick=quick, out_dir=traces_dir,
+                    seeds=seeds, overrides=overrides, frontier=frontier, jobs=jobs)
     backend = resolve_backend(backend)
     names = list(experiments) if experiments else default_matrix(backend)
     derive = bool(overrides)
@@ -299,6 +305,9 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
     check_quick_root(traces, quick)
     results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
                                "results directory (--results)")
+    check_writable(traces, "traces directory", "--traces DIR")
+    if figures:
+        check_writable(results, "results directory", "--results DIR")
     verification, cached, rerender = None, 0, force
     if not get_backend(backend).real_time:
         from dlfp.pipeline.verify import verify_trials

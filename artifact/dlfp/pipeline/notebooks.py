@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 from dlfp.pipeline import stamps
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import stop_at_once
-from dlfp.pipeline.paths import (check_output_dir, default_published_csv, default_results_dir, default_traces_dir,
-                                 display_path, notebook_path, notebooks_dir, repo_root)
+from dlfp.pipeline.paths import (check_output_dir, check_writable, default_published_csv, default_results_dir,
+                                 default_traces_dir, display_path, notebook_path, notebooks_dir, repo_root)
 from dlfp.pipeline.progress import PROGRESS_ENV
 
 
@@ -236,7 +236,7 @@ def render_figures_checked(traces_dir: str | Path | None = None, results_dir: st
         from dlfp.analysis.tables import partial_results_dir
 
         results = partial_results_dir(results)
-    results = check_output_dir(results, "results directory (--out)")
+    results = check_writable(check_output_dir(results, "results directory (--out)"), "results directory", "--out DIR")
     if traces.exists() and not traces.is_dir():
         raise PipelineError(f"traces directory {traces} is not a directory")
     if not traces.is_dir():
