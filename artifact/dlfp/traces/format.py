@@ -214,7 +214,9 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     """Write a trial atomically under ``root`` and return its directory.
 
     The directory is determined by ``metadata`` keys backend/experiment/arm/seed.
-    Frames are validated first (same checks as ``load_trial``).
+    Frames are validated first (same checks as ``load_trial``). A trial on disk that the new one equals but for
+    provenance (``dlfp.traces.compare``: the same Parquet bytes, metadata differing only in ``git_commit``,
+    ``versions`` or free text) is left untouched, so an identical rerun changes no file.
 
     Raises:
         TraceError: invalid frames or metadata, the trial exists and not ``overwrite``, the file system is full
@@ -244,7 +246,10 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        replace_directory(tmp, dest)
+        if dest.is_dir() and not _differs(dest, tmp):
+            shutil.rmtree(tmp, ignore_errors=True)  # identical but for provenance: the trial on disk stays
+        else:
+            replace_directory(tmp, dest)
     except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -288,6 +293,14 @@ def no_space_message(what: str | Path, root: str | Path) -> str:
     """One line for a write that ran out of space: what was being written, the directory and its free space."""
     return (f"no space left on the device writing {what}: {free_space(root)} free in {root}; free some space or "
             f"write elsewhere (--out DIR)")
+
+
+def _differs(dest: Path, fresh: Path) -> bool:
+    """Whether the written trial ``fresh`` differs from the one at ``dest`` (``dlfp.traces.compare``: Parquet bytes,
+    metadata without provenance such as ``git_commit``)."""
+    from dlfp.traces.compare import trial_differences  # compare reads trials this module writes
+
+    return bool(trial_differences(dest, fresh))
 
 
 def _remove_stale_temporaries(dest: Path, before: float) -> None:
