@@ -96,3 +96,16 @@ def test_a_missing_trace_file_stops_the_run_before_any_trial(tmp_path, monkeypat
     assert msg.startswith(f"workload.trace.path: trace file {pipeline.repo_root() / 'nope.jsonl'} does not exist "
                           f"(a path relative to the repository root, e.g. ")
     assert calls == [] and not out.exists()
+
+
+@pytest.mark.parametrize("force,how", [
+    ([], "rerun the same command to resume"),
+    (["--force"], "rerun the same command without --force to resume (with --force every trial runs again)"),
+])
+def test_the_interrupt_line_says_how_to_continue(tmp_path, monkeypatch, capsys, force, how):
+    calls: list = []
+    install_fake_backend(monkeypatch, calls, fail_on=2)  # Ctrl-C while the second trial runs
+    declare_experiment(load_experiment(EXP, SMALL))
+    assert main(["run", EXP, "--out", str(tmp_path), "--seeds", "801", "--no-progress", *force]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dlfp: interrupted (SIGINT) after 1 trial(s) finished, kept on disk; {how}"]

@@ -216,3 +216,17 @@ def test_failed_notebook_is_kept_and_named(tmp_path):
         pipeline.execute_notebook(pipeline.notebooks_dir() / "controller.ipynb", tmp_path / "c.ipynb",
                                   dict(traces_dir=str(tmp_path / "missing")), progress_env=False)
     assert (tmp_path / "c.failed.ipynb").exists() and not (tmp_path / "c.ipynb").exists()
+
+
+def test_a_successful_notebook_prints_no_kernel_warning(tmp_path, capfd):
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                           "display_name": "Python 3"}})
+    nb.cells = [nbformat.v4.new_code_cell("x = 7", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("6 * x")]
+    src = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, str(src))
+    out = pipeline.execute_notebook(src, tmp_path / "out" / "tiny.ipynb", {"x": 5})
+    cells = nbformat.read(out, as_version=4).cells
+    assert cells[-1].outputs[0]["data"]["text/plain"] == "30"  # 6 * 5: the injected parameter was used
+    err = capfd.readouterr().err
+    assert "IPKernelApp" not in err and "WARNING" not in err and "KeyboardInterrupt" not in err, err

@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in _DELEGATED:
             return _run_delegated(argv[0], argv[1:])
         args = parser.parse_args(argv)
+        interrupts.TALLY.forced = bool(getattr(args, "force", False))
         return int(args._handler(args) or 0)
     except (ConfigError, PipelineError, BackendUnavailable, TraceError, WorkloadError, FileNotFoundError,
             IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:

@@ -20,6 +20,12 @@ from dlfp.pipeline.paths import (check_output_dir, check_writable, default_publi
 from dlfp.pipeline.progress import PROGRESS_ENV
 
 
+#: Arguments of the notebook kernel: only its critical log lines reach the terminal (not ipykernel's warning that
+#: a local kernel talks over TCP, nor its log line for the interrupt that stops a kernel at shutdown); a cell's
+#: error still fails the execution and is reported by papermill.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+
+
 def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *, cwd: Path | None = None,
                      progress_env: bool = True, temporaries: Sequence[Path] = (),
                      failed_dir: Path | None = None) -> Path:
@@ -54,7 +60,8 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     try:
         with stop_at_once(cleanup):
             pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or repo_root()),
-                                progress_bar=False, kernel_name="python3", log_output=False)
+                                progress_bar=False, kernel_name="python3", log_output=False,
+                                extra_arguments=KERNEL_ARGUMENTS)
     except pm.PapermillExecutionError as e:
         # Keep the failed copy for inspection next to where the output would be.
         failed = (failed_dir or output.parent) / (output.stem + ".failed.ipynb")
