@@ -104,7 +104,7 @@ def test_allow_partial_writes_elsewhere_marks_rows_and_judges_nothing(traces, re
     lines = [ln for ln in (out / "published_vs_reproduced.md").read_text().splitlines() if ln.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:]]
-    verdicts = {r[header.index("direction agrees")] for r in rows} | {r[header.index("within paper's interval")]
+    verdicts = {r[header.index("direction agrees")] for r in rows} | {r[header.index("magnitude agrees")]
                                                                       for r in rows}
     assert verdicts <= {"", "n/a"} and {r[header.index("status")] for r in rows} >= {"incomplete"}
     assert str(traces) not in (out / "published_vs_reproduced.md").read_text()
