@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,7 +22,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_serializer, model_validator)
 
-from dlfp.paths import EXPERIMENTS_DIR
+from dlfp.paths import EXPERIMENTS_DIR, EXPERIMENTS_ENV, experiment_file  # noqa: F401 (re-exported)
 from dlfp.policies.base import Policy, PolicyOptions, reject_bool
 from dlfp.policies.dlfp import (PAPER_GAIN, PAPER_INITIAL_CAP, PAPER_MAX_CAP, PAPER_MIN_CAP, PAPER_QUANTUM,
                                 PAPER_TARGET_S)
@@ -456,21 +455,6 @@ def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.yaml"))
 
 
-#: Environment variable naming a folder of experiment YAMLs read before the package's ``experiments/``: a
-#: ``<name>.yaml`` there declares experiment ``<name>`` in place of the package's (what runs, and what its trials
-#: are checked against when tables are rendered).
-EXPERIMENTS_ENV = "DLFP_EXPERIMENTS_DIR"
-
-
-def experiment_file(name: str) -> Path:
-    """The YAML that declares experiment ``name``: ``$DLFP_EXPERIMENTS_DIR/<name>.yaml`` when that exists, else
-    ``experiments/<name>.yaml`` of the package (which may not exist)."""
-    extra = os.environ.get(EXPERIMENTS_ENV, "").strip()
-    if extra and (Path(extra) / f"{name}.yaml").is_file():
-        return Path(extra) / f"{name}.yaml"
-    return EXPERIMENTS_DIR / f"{name}.yaml"
-
-
 def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Load and validate an experiment by name (``experiment_file``: ``experiments/<name>.yaml``) or path.
 
@@ -502,47 +486,3 @@ def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None =
             and cfg.name != p.stem:
         raise ConfigError(f"{p}: field name: {cfg.name!r} does not match the file name {p.stem!r}")
     return cfg.with_overrides(overrides)
-
-
-# --------------------------------------------------------------------------- what shapes one trial
-
-#: Config fields that do not shape one trial: documentation, the seed list, the arm table (only the trial's own
-#: arm counts, under the key ``arm``) and which arm is the baseline.
-TRIAL_IGNORED_KEYS = ("description", "assumptions", "tags", "seeds", "arms", "baseline_arm")
-
-
-def trial_config(config: ExperimentConfig | dict, arm: str) -> dict:
-    """The part of an experiment's configuration that shapes one trial of ``arm``, as plain JSON values.
-
-    ``config`` is an ``ExperimentConfig`` or a recorded one (``metadata["config"]``). Every field except
-    ``TRIAL_IGNORED_KEYS``, plus ``arm``: the arm's own settings (``None`` when the config has no such arm).
-    """
-    import json
-
-    data = config.model_dump(mode="json") if isinstance(config, ExperimentConfig) else dict(config)
-    data = json.loads(json.dumps(data, sort_keys=True, default=str))
-    out = {k: v for k, v in data.items() if k not in TRIAL_IGNORED_KEYS}
-    out["arm"] = (data.get("arms") or {}).get(arm)
-    return out
-
-
-def trial_config_sha256(config: ExperimentConfig | dict, arm: str) -> str:
-    """sha256 (hex) of ``trial_config(config, arm)`` as canonical JSON (sorted keys, no spaces): two trials with
-    the same digest ran the same configuration."""
-    import hashlib
-    import json
-
-    blob = json.dumps(trial_config(config, arm), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
-    """The first dotted key path (sorted order) where two JSON values differ, as ``key: a vs b``; ``None`` when
-    they are equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            d = first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
-            if d is not None:
-                return d
-        return None
-    return None if a == b else f"{prefix.rstrip('.')}: {a!r} vs {b!r}"

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from dlfp.backends import BACKENDS, REGISTRY, Backend, get_backend
-from dlfp.config import (ConfigError, ExperimentConfig, check_runnable, experiment_file, first_difference,
-                         list_experiments, load_experiment)
+from dlfp.config import (ConfigError, ExperimentConfig, check_runnable, experiment_file, list_experiments,
+                         load_experiment)
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.progress import say
+from dlfp.trial_config import first_difference
 from dlfp.traces.format import TraceError, load_trial
 
 #: Environment variable that overrides backend auto-detection (a backend name or ``auto``).

@@ -7,7 +7,7 @@ A table is only as good as the set of trials under it, so a render first checks:
   trial for every seed the experiment's config declares (a backend may run a subset of the arms, e.g.
   ``dlfp run <exp> --backend emu --arms baseline dlfp``; a missing seed or a missing baseline is a gap);
 * every trial ran the configuration its experiment declares: the recorded config (``metadata["config"]``)
-  of a shipped experiment is the one of ``experiments/<experiment>.yaml`` (``dlfp.config.trial_config``: what
+  of a shipped experiment is the one of ``experiments/<experiment>.yaml`` (``dlfp.trial_config.trial_config``: what
   shapes that arm's trial), or its ``--quick`` variant outside the shipped traces root; the trials of a derived
   experiment (``<experiment>+<hash>``, a run with ``--set``) all ran one configuration of that name;
 * every pair a table compares (a candidate arm and the baseline arm, same experiment, same seed) ran the same
@@ -24,9 +24,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlfp.config import (ConfigError, ExperimentConfig, experiment_file, first_difference, load_experiment,
-                         trial_config, trial_config_sha256)
+from dlfp.config import ConfigError, ExperimentConfig, experiment_file, load_experiment
 from dlfp.paths import PACKAGE_DIR
+from dlfp.trial_config import first_difference, trial_config, trial_config_sha256
 from dlfp.traces.format import TraceError, trial_dir
 
 if TYPE_CHECKING:  # loading imports this module
@@ -81,7 +81,7 @@ def config_problem(lt: LoadedTrial, declared: ExperimentConfig | None, reference
     """Why trial ``lt`` does not stand for its experiment (one line naming it and the first differing field), else
     ``None``.
 
-    Against ``declared`` (``declared_config``) when the experiment has a YAML (``dlfp.config.trial_config_sha256``
+    Against ``declared`` (``declared_config``) when the experiment has a YAML (``dlfp.trial_config.trial_config_sha256``
     of the recorded configuration and of the declared one, for the trial's arm, must be equal); otherwise against
     ``reference``, the group's first trial (a derived experiment's trials must all have run the same configuration).
     ``variants``: a dict this call may keep the declared variants of each arm in (for a set of trials).
