@@ -152,7 +152,8 @@ def test_calibrate_refit_garbage_and_validate_sim_arguments(tmp_path, capsys):
     out = tmp_path / "fid"
     for args, want in ((["--seeds", "abc"], "argument --seeds: 'abc' is not a comma-separated list of integers"),
                        (["--seeds", "801,-2"], "argument --seeds: '801,-2': seeds are non-negative integers"),
-                       (["--backend", "bogus"], "argument --backend: unknown backend 'bogus'; known: sim, emu, vllm, torch")):
+                       (["--backend", "bogus"],
+                        "argument --backend: unknown backend 'bogus'; known: sim, emu, vllm, torch")):
         with pytest.raises(SystemExit) as ei:
             main(["validate-sim", "--out", str(out), *args])
         assert ei.value.code == 2

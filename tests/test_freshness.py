@@ -149,7 +149,7 @@ def test_figures_render_once_then_fresh_and_a_changed_or_corrupt_trace_is_render
 def shipped(tmp_path_factory):
     """Two seeds of a tiny simulator experiment, run once for the module."""
     root = tmp_path_factory.mktemp("shipped")
-    pipeline.run_experiment(EXP, backend="sim", out_dir=root, overrides=TINY, seeds=[801, 802], jobs=1,
+    pipeline.run_experiment(_plan()[0], backend="sim", out_dir=root, seeds=[801, 802], jobs=1,
                             progress=False)
     return root
 

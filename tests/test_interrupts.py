@@ -16,13 +16,23 @@ import psutil
 import pytest
 
 from dlfp import pipeline
+from dlfp.config import load_experiment
 from dlfp.traces.format import find_trials, is_complete
+from test_pipeline import declare_experiment
 
 EXE = Path(sys.executable).with_name("dlfp")
 EXP = "qwen3-0.6b-tp1"
-#: Trials of about a second on the simulator: two arms, the frontier arms off.
-SLOW = ["--set", "workload.num_requests=1500", "--set", "workload.rate=4", "--set",
-        "arms={baseline: {policy: nocap}, dlfp: {policy: dlfp}}", "--no-frontier"]
+TWO_ARMS = {"baseline": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}}
+#: The frontier arms off (the experiment itself is declared per test: ``_declare``).
+SLOW = ["--no-frontier"]
+
+
+def _declare(**settings) -> None:
+    """Declare ``EXP`` with two arms and ``settings`` (dotted keys, ``__`` for ``.``) for this test's ``dlfp``
+    processes; the default: trials of about a second on the simulator."""
+    settings = {k.replace("__", "."): v for k, v in settings.items()} or {"workload.num_requests": 1500,
+                                                                           "workload.rate": 4}
+    declare_experiment(load_experiment(EXP, {**settings, "arms": TWO_ARMS}))
 
 pytestmark = pytest.mark.skipif(not EXE.exists(), reason="dlfp console script not installed (pip install -e .)")
 
@@ -52,6 +62,7 @@ def _hidden(root: Path) -> list[Path]:
 @pytest.mark.parametrize("sig,status,jobs", [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 2)])
 def test_signal_during_run_is_one_line_and_keeps_finished_trials(tmp_path, sig, status, jobs):
     out = tmp_path / "traces"
+    _declare()
     proc = _start(["run", EXP, "--out", str(out), "--no-progress", *SLOW], jobs)
     _wait_for(lambda: any(is_complete(d) for d in find_trials(out)), proc)
     workers = psutil.Process(proc.pid).children(recursive=True)
@@ -73,6 +84,7 @@ def test_signal_during_run_is_one_line_and_keeps_finished_trials(tmp_path, sig, 
 
 def test_workers_end_when_the_parent_is_killed(tmp_path):
     out = tmp_path / "traces"
+    _declare()
     proc = _start(["run", EXP, "--out", str(out), "--no-progress", *SLOW], 2)
     parent = psutil.Process(proc.pid)
 
@@ -90,10 +102,9 @@ def test_workers_end_when_the_parent_is_killed(tmp_path):
 
 def test_signal_during_run_all_notebook_is_one_line_without_temporaries(tmp_path):
     traces, results = tmp_path / "traces", tmp_path / "results"
-    small = ["--set", "workload.num_requests=5", "--set", "arms={baseline: {policy: nocap}, dlfp: {policy: dlfp}}",
-             "--no-frontier"]
+    _declare(workload__num_requests=5)
     proc = _start(["run-all", "--experiments", EXP, "--seeds", "801", "--traces", str(traces), "--results",
-                   str(results), "--no-progress", "--no-figures", *small], 1)
+                   str(results), "--no-progress", "--no-figures", "--no-frontier"], 1)
     tmp_nb = traces / "sim" / EXP / ".experiment.tmp.ipynb"
     _wait_for(tmp_nb.exists, proc)
     kernels = psutil.Process(proc.pid).children(recursive=True)

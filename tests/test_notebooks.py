@@ -17,7 +17,8 @@ import pytest
 from dlfp import pipeline
 from dlfp.traces.format import Trial, find_trials, load_trial, trial_dir, write_trial
 from dlfp.studies.validation_audit import audit_errors
-from test_pipeline import EXP, TWO_ARMS, write_fake_experiment
+from dlfp.config import load_experiment
+from test_pipeline import EXP, TWO_ARMS, declare_experiment, write_fake_experiment
 
 NOTEBOOKS = ("experiment", "figures", "controller")
 
@@ -151,13 +152,13 @@ def test_run_all_on_the_simulator(tmp_path):
                         reason="simulator backend dlfp.backends.sim.runner is not installed yet")
     traces, results = tmp_path / "traces", tmp_path / "results"
     small = {"workload.num_requests": 5, "backend_options.frontier_caps": [1024], "arms": TWO_ARMS}
-    res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results,
-                           overrides=small)
+    declare_experiment(load_experiment(EXP, small))  # the experiment as this test declares it (kernels see it too)
+    res = pipeline.run_all(backend="sim", experiments=[EXP], seeds=[801], traces_dir=traces, results_dir=results)
     exp_nb = traces / "sim" / EXP / "experiment.ipynb"
     assert res["notebooks"] == [exp_nb] and _errors(exp_nb) == []
     nb = nbformat.read(exp_nb, as_version=4)
     params = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
-    assert params and "workload.num_requests" in params[0].source
+    assert params and "seeds = [801]" in params[0].source
     dirs = find_trials(traces)
     assert [d.relative_to(traces).as_posix() for d in dirs] == [f"sim/{EXP}/baseline/seed-801",
                                                                 f"sim/{EXP}/dlfp/seed-801",
@@ -215,3 +216,17 @@ def test_failed_notebook_is_kept_and_named(tmp_path):
         pipeline.execute_notebook(pipeline.notebooks_dir() / "controller.ipynb", tmp_path / "c.ipynb",
                                   dict(traces_dir=str(tmp_path / "missing")), progress_env=False)
     assert (tmp_path / "c.failed.ipynb").exists() and not (tmp_path / "c.ipynb").exists()
+
+
+def test_a_successful_notebook_prints_no_kernel_warning(tmp_path, capfd):
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                           "display_name": "Python 3"}})
+    nb.cells = [nbformat.v4.new_code_cell("x = 7", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("6 * x")]
+    src = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, str(src))
+    out = pipeline.execute_notebook(src, tmp_path / "out" / "tiny.ipynb", {"x": 5})
+    cells = nbformat.read(out, as_version=4).cells
+    assert cells[-1].outputs[0]["data"]["text/plain"] == "30"  # 6 * 5: the injected parameter was used
+    err = capfd.readouterr().err
+    assert "IPKernelApp" not in err and "WARNING" not in err and "KeyboardInterrupt" not in err, err

@@ -17,7 +17,7 @@ import pytest
 
 from dlfp import pipeline, backends as runners
 from dlfp.cli import main
-from dlfp.config import ConfigError, load_experiment
+from dlfp.config import EXPERIMENTS_ENV, ConfigError, load_experiment
 from dlfp.traces.format import (Trial, find_trials, is_complete,
                          load_trial, trial_dir, write_trial)
 
@@ -111,12 +111,39 @@ def install_fake_backend(monkeypatch, calls: list | None = None, fail_on: int | 
     monkeypatch.setenv(pipeline.JOBS_ENV, "1")  # the fake backend lives in this process only
 
 
+def declare_experiment(cfg) -> None:
+    """Declare ``cfg`` as its experiment for the rest of the test (a YAML in ``$DLFP_EXPERIMENTS_DIR``, which
+    ``conftest.declared_experiments`` gives every test)."""
+    import os
+
+    import yaml
+
+    folder = Path(os.environ[EXPERIMENTS_ENV])
+    (folder / f"{cfg.name}.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=True))
+
+
 def write_fake_experiment(root: Path, experiment: str = EXP, seeds=(801, 802, 803), overrides=None, **kw) -> None:
-    """Write fake trials of every arm x seed of ``experiment`` under ``root`` (no backend involved)."""
+    """Write fake trials of every arm x seed of ``experiment`` under ``root`` (no backend involved), and declare
+    their smaller settings as the experiment's (``declare_experiment``)."""
+    import os
+
+    shipped = Path(os.environ[EXPERIMENTS_ENV]) / f"{experiment}.yaml"
+    shipped.unlink(missing_ok=True)  # start from the package's declaration
     cfg = load_experiment(experiment, {**SMALL, **(overrides or {})})
+    declare_experiment(cfg)
     for seed in seeds:
         for arm in cfg.arms:
             write_trial(fake_trial(cfg, arm, seed, **kw), root)
+
+
+def declare_small(extra=None):
+    """Declare ``EXP`` with the ``SMALL`` settings (and ``extra``) for the rest of the test; returns its config."""
+    import os
+
+    (Path(os.environ[EXPERIMENTS_ENV]) / f"{EXP}.yaml").unlink(missing_ok=True)
+    cfg = load_experiment(EXP, {**SMALL, **(extra or {})})
+    declare_experiment(cfg)
+    return cfg
 
 
 # --------------------------------------------------------------------------- resume / skip / force
@@ -125,7 +152,8 @@ def write_fake_experiment(root: Path, experiment: str = EXP, seeds=(801, 802, 80
 def test_run_writes_every_arm_and_seed_then_skips_then_forces(tmp_path, monkeypatch):
     calls: list = []
     install_fake_backend(monkeypatch, calls)
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+    declare_small()
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     # Seed-major order: both arms of a seed before the next seed (pairs survive an interruption).
     assert calls == [("baseline", 801), ("dlfp", 801), ("baseline", 802), ("dlfp", 802), ("baseline", 803),
                      ("dlfp", 803)]
@@ -135,11 +163,11 @@ def test_run_writes_every_arm_and_seed_then_skips_then_forces(tmp_path, monkeypa
     t = load_trial(trial_dir(tmp_path, "sim", EXP, "dlfp", 802))
     assert t.metadata["config"]["workload"]["num_requests"] == 4 and len(t.tokens) == (4 + 1) * 6
 
-    again = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+    again = pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     assert len(calls) == 6  # nothing re-ran
     assert [o.status for o in again.outcomes] == ["skipped"] * 6
 
-    forced = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, seeds=[802], force=True, progress=False)
+    forced = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[802], force=True, progress=False)
     assert calls[6:] == [("baseline", 802), ("dlfp", 802)]
     assert [(o.arm, o.seed, o.status) for o in forced.outcomes] == [("baseline", 802, "ran"), ("dlfp", 802, "ran")]
 
@@ -147,11 +175,12 @@ def test_run_writes_every_arm_and_seed_then_skips_then_forces(tmp_path, monkeypa
 def test_corrupt_trial_is_named_and_rerun(tmp_path, monkeypatch, capsys):
     calls: list = []
     install_fake_backend(monkeypatch, calls)
-    pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+    declare_small()
+    pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     bad = trial_dir(tmp_path, "sim", EXP, "dlfp", 803)
     (bad / "tokens.parquet").write_bytes(b"not parquet")
     assert not is_complete(bad)
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     assert calls[6:] == [("dlfp", 803)]
     assert [o.status for o in run.outcomes].count("reran") == 1
     err = capsys.readouterr().err
@@ -162,9 +191,10 @@ def test_corrupt_trial_is_named_and_rerun(tmp_path, monkeypatch, capsys):
 def test_trial_with_a_different_config_is_stale_and_rerun(tmp_path, monkeypatch):
     calls: list = []
     install_fake_backend(monkeypatch, calls)
-    pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, seeds=[801], progress=False)
-    bigger = {**SMALL, "workload.num_requests": 5}
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=bigger, seeds=[801], progress=False)
+    declare_small()
+    pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801], progress=False)
+    declare_small({"workload.num_requests": 5})  # the experiment's YAML changed
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801], progress=False)
     assert [o.status for o in run.outcomes] == ["reran", "reran"]
     assert "workload.num_requests" in run.outcomes[0].reason
     assert load_trial(trial_dir(tmp_path, "sim", EXP, "baseline", 801)).measured_requests.shape[0] == 5
@@ -186,8 +216,9 @@ def test_config_mismatch_ignores_other_arms_and_docs():
 def test_interrupted_run_keeps_completed_trials_and_resumes(tmp_path, monkeypatch):
     calls: list = []
     install_fake_backend(monkeypatch, calls, fail_on=3)
+    declare_small()
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+        pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     done = find_trials(tmp_path)
     assert [d.relative_to(tmp_path).as_posix() for d in done] == [f"sim/{EXP}/baseline/seed-801",
                                                                   f"sim/{EXP}/dlfp/seed-801"]
@@ -196,7 +227,7 @@ def test_interrupted_run_keeps_completed_trials_and_resumes(tmp_path, monkeypatc
     assert leftovers == []
     calls.clear()
     install_fake_backend(monkeypatch, calls)
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, progress=False)
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, progress=False)
     assert calls == [("baseline", 802), ("dlfp", 802), ("baseline", 803), ("dlfp", 803)]
     assert [o.status for o in run.outcomes] == ["skipped", "skipped", "ran", "ran", "ran", "ran"]
 
@@ -204,6 +235,7 @@ def test_interrupted_run_keeps_completed_trials_and_resumes(tmp_path, monkeypatc
 def test_progress_reports_requests_done_of_total(tmp_path, monkeypatch):
     seen = []
     install_fake_backend(monkeypatch)
+    declare_small()
 
     class Bar:
         def __init__(self, *a, total=None, **k):
@@ -229,7 +261,7 @@ def test_progress_reports_requests_done_of_total(tmp_path, monkeypatch):
     import tqdm
 
     monkeypatch.setattr(tqdm, "tqdm", Bar)
-    pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=SMALL, seeds=[801], arms=["dlfp"], progress=True)
+    pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801], arms=["dlfp"], progress=True)
     # 1 warm-up + 4 measured requests, one update per finished request, with the experiment/arm/seed named;
     # then the trials bar counts the one trial done.
     assert seen == [(f"{EXP} dlfp seed 801", n, 5) for n in range(1, 6)] + [(f"{EXP} [sim] trials", 1, 1)]
@@ -310,14 +342,14 @@ def test_frontier_arms(tmp_path, monkeypatch):
     assert ov == {f"arms.fixed-{c}": {"policy": "fixed", "cap": c} for c in caps}
     calls: list = []
     install_fake_backend(monkeypatch, calls)
-    small = {**SMALL, "backend_options.frontier_caps": [2048, 512]}
-    pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=small, seeds=[801], frontier=True, progress=False)
+    declare_small({"backend_options.frontier_caps": [2048, 512]})
+    pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801], frontier=True, progress=False)
     # Baseline first, then named arms, then fixed caps in cap order.
     assert calls == [("baseline", 801), ("dlfp", 801), ("fixed-512", 801), ("fixed-2048", 801)]
     t = load_trial(trial_dir(tmp_path, "sim", EXP, "fixed-512", 801))
     assert t.metadata["policy"] == {**t.metadata["policy"], "policy": "fixed", "cap": 512}
     # Running without the frontier afterwards leaves the existing baseline/dlfp trials valid (skipped).
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, overrides=small, seeds=[801], frontier=False,
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801], frontier=False,
                                   progress=False)
     assert [o.status for o in run.outcomes] == ["skipped", "skipped"]
     with pytest.raises(pipeline.PipelineError, match="frontier_caps"):
@@ -404,11 +436,12 @@ def test_cli_delegates_calibrate_and_validate_sim(monkeypatch, capsys):
 def test_seeds_must_be_non_negative_and_extra_seeds_are_noted(tmp_path, monkeypatch, capsys):
     calls: list = []
     install_fake_backend(monkeypatch, calls)
+    declare_small()
     with pytest.raises(pipeline.PipelineError) as ei:
-        pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801, -1], overrides=SMALL, progress=False)
+        pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[801, -1], progress=False)
     assert str(ei.value) == f"seeds [-1] of experiment '{EXP}': seeds are non-negative integers"
     assert calls == [] and not (tmp_path / "sim").exists()
-    run = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[999], overrides=SMALL, progress=False)
+    run = pipeline.run_experiment(EXP, out_dir=tmp_path, seeds=[999], progress=False)
     assert [o.seed for o in run.outcomes] == [999, 999]
     err = capsys.readouterr().err
     assert f"dlfp: note: seed(s) 999 are not among {EXP}'s paired seeds 801, 802, 803" in err

@@ -9,11 +9,12 @@ import pytest
 
 from dlfp import pipeline
 from dlfp.cli import main
+from dlfp.config import load_experiment
 from dlfp.pipeline import execute, verify
 from dlfp.traces.compare import trial_differences
 from dlfp.traces.format import find_trials, trial_dir, write_trial
 from test_cli import one_line_error
-from test_pipeline import EXP, SMALL, fake_trial
+from test_pipeline import EXP, SMALL, declare_experiment, fake_trial
 
 TINY = {"workload.num_requests": 5, "workload.num_warmup": 1, "workload.output_tokens": 8,
         "backend_options.frontier_caps": [], "arms": {"baseline": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}}}
@@ -51,9 +52,9 @@ def _plan(seeds=(801, 802)):
 
 def test_rerun_keeps_identical_trials_untouched_and_replaces_the_rest(tmp_path, capsys):
     shipped, fresh = tmp_path / "shipped", tmp_path / "fresh"
-    pipeline.run_experiment(EXP, backend="sim", out_dir=shipped, overrides=TINY, seeds=[801, 802], jobs=1,
+    pipeline.run_experiment(_plan()[0], backend="sim", out_dir=shipped, seeds=[801, 802], jobs=1,
                             progress=False)
-    pipeline.run_experiment(EXP, backend="sim", out_dir=fresh, overrides=TINY, seeds=[801, 802], jobs=1,
+    pipeline.run_experiment(_plan()[0], backend="sim", out_dir=fresh, seeds=[801, 802], jobs=1,
                             progress=False)  # the independent reference
     same = trial_dir(shipped, "sim", EXP, "dlfp", 801)
     stamp = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in same.iterdir()}
@@ -84,8 +85,9 @@ def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path
     monkeypatch.setenv(pipeline.ROOT_ENV, str(root))
     monkeypatch.setenv(pipeline.JOBS_ENV, "1")
     traces, results = root / "data" / "traces", root / "data" / "results"
+    declare_experiment(load_experiment(EXP, TINY))  # the experiment as declared here (the kernels see it too)
     args = ["run-all", "--backend", "sim", "--experiments", EXP, "--traces", str(traces),
-            "--results", str(results), "--no-progress"] + sum((["--set", f"{k}={v}"] for k, v in TINY.items()), [])
+            "--results", str(results), "--no-progress"]
     assert main(args) == 0
     nbs = [traces / "sim" / EXP / "experiment.ipynb", results / "figures.ipynb"]
     first = [p.read_bytes() for p in nbs]
@@ -117,3 +119,38 @@ def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path
             assert stamp not in text
     assert '"input_path": "notebooks/experiment.ipynb"' in first[0].decode()
     assert f'"output_path": "data/traces/sim/{EXP}/experiment.ipynb"' in first[0].decode()
+
+
+def test_a_killed_runs_scratch_folder_is_removed_by_the_next_run_and_git_ignores_it(tmp_path):
+    import subprocess
+
+    traces = tmp_path / "traces"
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process id that no longer runs
+    stale = traces / f"{verify.SCRATCH_PREFIX}{dead.pid}-abc" / "sim"
+    stale.mkdir(parents=True)
+    (stale / "half.parquet").write_bytes(b"x")
+    other = traces / f"{verify.SCRATCH_PREFIX}1-init"  # pid 1 runs: another run's scratch, left alone
+    other.mkdir()
+    assert verify.remove_stale_scratch(traces) == [stale.parent]
+    assert sorted(p.name for p in traces.iterdir()) == [other.name]
+    ignored = subprocess.run(["git", "check-ignore", "-v", "data/traces/.rerun-123-abc/sim/x"],
+                             cwd=pipeline.repo_root(), capture_output=True, text=True)
+    assert ignored.stdout.startswith(".gitignore:")  # the project's own rule, not a local exclude
+
+
+def test_an_identical_rerun_rewrites_no_file_for_a_git_commit_difference(tmp_path):
+    from test_pipeline import fake_trial
+
+    cfg = pipeline.load_config(EXP, SMALL)
+    first = fake_trial(cfg, "dlfp", 801)
+    d = write_trial(first, tmp_path)
+    before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()}
+    again = fake_trial(cfg, "dlfp", 801)
+    again.metadata["git_commit"] = "another-commit"
+    assert write_trial(again, tmp_path, overwrite=True) == d
+    assert {p.name: (p.stat().st_ino, p.read_bytes()) for p in d.iterdir()} == before
+    changed = fake_trial(cfg, "dlfp", 801)
+    changed.metadata["energy"] = {"joules": 1.0}
+    write_trial(changed, tmp_path, overwrite=True)
+    assert '"joules": 1.0' in (d / "metadata.json").read_text() and list(tmp_path.rglob(".*")) == []

@@ -24,15 +24,15 @@ SEEDS = (801, 802, 803)
 SLO_OVERRIDE = {"slo.itl_s": 0.15}  # dlfp's per-request P99 gap (~101..110 ms) passes, the baseline's (~202 ms) fails
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+@pytest.fixture
+def traces(tmp_path_factory):  # per test: the fakes' settings are declared in each test's own folder
     root = tmp_path_factory.mktemp("traces")
     write_fake_experiment(root, EXP, SEEDS, overrides=SLO_OVERRIDE)
     write_fake_experiment(root, "qwen3-8b-r0.10", SEEDS, flip_tokens=2, async_lag=True)
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ts(traces):
     return tables.load_traces(traces)
 
@@ -315,14 +315,15 @@ def _emu_twin(trial, extra_s=EMU_EXTRA_S):
     return Trial(trial.requests.copy(), tk, trial.iterations.copy(), md)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sim_emu(tmp_path_factory):
     from dlfp.config import load_experiment
     from dlfp.traces.format import write_trial
-    from test_pipeline import fake_trial
+    from test_pipeline import declare_experiment, fake_trial
 
     root = tmp_path_factory.mktemp("simemu")
     cfg = load_experiment(EXP, SMALL)
+    declare_experiment(cfg)
     for seed in SEEDS:
         for arm in cfg.arms:
             write_trial(fake_trial(cfg, arm, seed), root)  # sim: host interval = own device time
@@ -457,7 +458,32 @@ def test_pvr_per_seed_rows_judged_against_the_papers_interval(ts):
     r = get("qwen3-8b-r0.10", "p99_ttft", "change_seed_801")  # one published seed: no interval
     assert r["within_interval"] is None and r["paper_interval"] == ""
     md = tables.pvr_markdown_frame(pvr)
-    assert set(md["within paper's interval"]) == {"yes", "n/a"}
+    assert set(md["magnitude agrees"]) == {"yes", "direction only"}  # the per-seed TTFT row: direction alone
+
+
+def test_pvr_arm_rows_get_a_magnitude_verdict_within_a_stated_tolerance(ts):
+    # the fake baseline's P99 ITL is its spike, 210/220/230 ms over the seeds (mean 220 ms); with the SLO of
+    # 150 ms dlfp's halved spikes pass for all 4 measured requests of a trial, the baseline's for none
+    pub = _published([
+        ("qwen3-0.6b-tp1", "p99_itl", "baseline", 200.0, "ms", "increase", ""),  # 220 in [160, 240]
+        ("qwen3-0.6b-tp1", "p99_itl", "dlfp", 150.0, "ms", "increase", ""),  # 110 not in [120, 180]
+        ("qwen3-0.6b-tp1", "slo_passes", "dlfp", 0.0, "requests of 4", "increase", ""),  # 4 not in [-1, 1]
+        ("qwen3-0.6b-tp1", "slo_passes", "baseline", 0.0, "requests of 4", "increase", ""),  # 0 in [-1, 1]
+    ])
+    pvr, _ = tables.published_vs_reproduced(ts, pub)
+    rows = {(r.metric, r.arm_or_change): r for r in pvr.itertuples()}
+    base = np.mean([1000 * spike_s("baseline", s) for s in SEEDS])
+    r = rows[("p99_itl", "baseline")]
+    assert r.reproduced == pytest.approx(base) and r.within_interval is True
+    assert r.paper_interval == "[160.0, 240.0] (published +-20 %)"
+    r = rows[("p99_itl", "dlfp")]
+    assert r.reproduced == pytest.approx(base / 2) and r.within_interval is False and r.agrees is False
+    r = rows[("slo_passes", "dlfp")]
+    assert (r.reproduced, r.within_interval) == (4.0, False)
+    assert r.paper_interval == "[-1.0, 1.0] (published +-1 request (+-20 % is less))"
+    assert rows[("slo_passes", "baseline")].within_interval is True
+    md = tables.pvr_markdown_frame(pvr).set_index(["metric", "arm or change"])
+    assert list(md["magnitude agrees"]) == ["yes", "no", "yes", "no"]
 
 
 @pytest.mark.parametrize("metadata, model", [

@@ -119,7 +119,7 @@ def test_failed_write_leaves_no_trial(tmp_path, monkeypatch):
         write_trial(make_trial(), tmp_path)
     d = trial_dir(tmp_path, "sim", "toy", "dlfp", 801)
     assert not d.exists()
-    assert list(d.parent.iterdir()) == []  # temporary directory removed
+    assert list(tmp_path.iterdir()) == []  # temporary directory and the folders made for it removed
     assert find_trials(tmp_path) == []
     assert not is_complete(d)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable
 
 Handler = Callable[[argparse.Namespace], int]
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     from dlfp.config import ConfigError
     from dlfp.pipeline import PipelineError, interrupts
     from dlfp.backends import BackendUnavailable
-    from dlfp.traces.format import TraceError
+    from dlfp.traces.format import NO_SPACE_ERRNOS, TraceError, no_space_message
     from dlfp.workload.generator import WorkloadError
 
     if argv is None:  # the console script: SIGTERM like Ctrl-C, kernels stopped at once (dlfp.pipeline.interrupts)
@@ -349,10 +350,17 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in _DELEGATED:
             return _run_delegated(argv[0], argv[1:])
         args = parser.parse_args(argv)
+        interrupts.TALLY.forced = bool(getattr(args, "force", False))
         return int(args._handler(args) or 0)
     except (ConfigError, PipelineError, BackendUnavailable, TraceError, WorkloadError, FileNotFoundError,
             IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as e:
         _err(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return EXIT_BAD_INPUT
+    except OSError as e:
+        if e.errno not in NO_SPACE_ERRNOS:
+            raise
+        where = Path(e.filename).parent if e.filename else Path.cwd()
+        _err(no_space_message(e.filename or "a file", where))
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (``interrupts.Terminated``)
         signum = interrupts.signal_of(e)

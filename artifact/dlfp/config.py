@@ -1,7 +1,7 @@
 """Experiment configuration: one validated YAML file per experiment.
 
-Configs live in ``artifact/dlfp/experiments/<name>.yaml``. Every field is
-checked by pydantic before anything runs; an unknown field, a wrong type or a
+Configs live in ``artifact/dlfp/experiments/<name>.yaml`` (or ``$DLFP_EXPERIMENTS_DIR/<name>.yaml``). Every
+field is checked by pydantic before anything runs; an unknown field, a wrong type or a
 bad value is rejected with a one-line error that names the field (see
 ``ConfigError``). Times are seconds; rates are requests per second.
 
@@ -22,7 +22,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_serializer, model_validator)
 
-from dlfp.paths import EXPERIMENTS_DIR
+from dlfp.paths import EXPERIMENTS_DIR, EXPERIMENTS_ENV, experiment_file  # noqa: F401 (re-exported)
 from dlfp.policies.base import Policy, PolicyOptions, reject_bool
 from dlfp.policies.dlfp import (PAPER_GAIN, PAPER_INITIAL_CAP, PAPER_MAX_CAP, PAPER_MIN_CAP, PAPER_QUANTUM,
                                 PAPER_TARGET_S)
@@ -456,7 +456,7 @@ def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:
 
 
 def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Load and validate an experiment by name (``experiments/<name>.yaml``) or path.
+    """Load and validate an experiment by name (``experiment_file``: ``experiments/<name>.yaml``) or path.
 
     Raises:
         ConfigError: unknown experiment name (lists the known ones), unreadable
@@ -464,7 +464,7 @@ def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None =
     """
     p = Path(name_or_path)
     if p.suffix not in (".yaml", ".yml"):
-        p = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
+        p = experiment_file(str(name_or_path))
         if not p.exists():
             raise ConfigError(
                 f"unknown experiment {str(name_or_path)!r}; known: {', '.join(list_experiments()) or '(none)'}"
@@ -482,6 +482,7 @@ def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None =
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     cfg = _validate(data, str(p))
-    if p.parent == EXPERIMENTS_DIR and cfg.name != p.stem:
+    if p.resolve().parent in (EXPERIMENTS_DIR.resolve(), experiment_file(p.stem).resolve().parent) \
+            and cfg.name != p.stem:
         raise ConfigError(f"{p}: field name: {cfg.name!r} does not match the file name {p.stem!r}")
     return cfg.with_overrides(overrides)

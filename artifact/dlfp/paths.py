@@ -18,3 +18,18 @@ HF_MODELS_DIR = MODELS_DIR / "hf"
 HARDWARE_DIR = PACKAGE_DIR / "hardware"
 #: Derived workload profiles (prompt-length quantiles).
 DATA_DIR = PACKAGE_DIR / "data"
+#: Environment variable naming a folder of experiment YAMLs read before the package's ``experiments/``: a
+#: ``<name>.yaml`` there declares experiment ``<name>`` in place of the package's (what runs, and what its trials
+#: are checked against when tables are rendered).
+EXPERIMENTS_ENV = "DLFP_EXPERIMENTS_DIR"
+
+
+def experiment_file(name: str) -> Path:
+    """The YAML that declares experiment ``name``: ``$DLFP_EXPERIMENTS_DIR/<name>.yaml`` when that exists, else
+    ``experiments/<name>.yaml`` of the package (which may not exist)."""
+    import os
+
+    extra = os.environ.get(EXPERIMENTS_ENV, "").strip()
+    if extra and (Path(extra) / f"{name}.yaml").is_file():
+        return Path(extra) / f"{name}.yaml"
+    return EXPERIMENTS_DIR / f"{name}.yaml"

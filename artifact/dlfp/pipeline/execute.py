@@ -21,9 +21,10 @@ from dlfp.config import ExperimentConfig
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.notebooks import execute_experiment_notebook_checked, render_figures_checked
-from dlfp.pipeline.paths import check_output_dir, default_results_dir, default_traces_dir, display_path
-from dlfp.pipeline.plan import (check_backend_config, default_matrix, prepare_config, resolve_backend, select_arms,
-                                select_seeds, trial_state, worker_count)
+from dlfp.pipeline.paths import (check_output_dir, check_quick_root, check_writable, default_results_dir,
+                                 default_traces_dir, display_path)
+from dlfp.pipeline.plan import (check_arguments, check_backend_config, default_matrix, prepare_config, resolve_backend,
+                                select_arms, select_seeds, trial_state, worker_count)
 from dlfp.pipeline.pool import run_pool
 from dlfp.pipeline.progress import bars_enabled, progress_file, say
 from dlfp.traces.format import Trial, trial_dir, write_trial
@@ -96,9 +97,9 @@ def run_experiment(
         backend: see ``resolve_backend``.
         seeds, arms: subsets (default: the config's).
         out_dir: traces root (default ``data/traces``); trials go under ``<out_dir>/<backend>/<experiment>/``.
-        overrides: dotted-key config overrides, e.g. ``{"workload.num_requests": 5}``. Without an explicit
-            ``out_dir`` the trials are their own experiment ``<experiment>+<8 hex>`` (``derived_experiment``),
-            so the shipped trials are never replaced.
+        overrides: dotted-key config overrides, e.g. ``{"workload.num_requests": 5}``. The trials are their own
+            experiment ``<experiment>+<8 hex>`` (``derived_experiment``) under whichever ``out_dir``, so the
+            trials of ``experiment`` are never replaced.
         force: re-run complete trials too.
         quick: at most ``QUICK_NUM_REQUESTS`` measured requests (default root ``data/traces-quick``).
         frontier: also run the fixed-cap arms of ``backend_options.frontier_caps`` (``frontier_overrides``);
@@ -108,22 +109,28 @@ def run_experiment(
 
     Raises:
         ConfigError: unknown experiment or bad override.
-        PipelineError: unknown backend, arm or seed request, a bad ``$DLFP_JOBS``, an output path that is a file.
+        PipelineError: unknown backend, arm or seed request, a bad ``$DLFP_JOBS``, an output path that is a file
+            or not writable, ``quick`` into the shipped traces root, an argument of the wrong type.
+        TraceError: the file system filled up while a trial was written (the directory and its free space).
         BackendUnavailable: the backend's software is not installed.
     """
     from tqdm import tqdm
 
+    check_arguments(experiment=experiment, backend=backend, seeds=seeds, arms=arms, out_dir=out_dir,
+                    overrides=overrides, force=force, quick=quick, frontier=frontier, jobs=jobs)
     progress = bars_enabled(progress)
     backend = resolve_backend(backend)
     cfg = prepare_config(experiment, backend, overrides=overrides, quick=quick, frontier=frontier,
-                         derive=bool(overrides) and out_dir is None)
+                         derive=bool(overrides))
     check_backend_config(cfg, backend)
     arm_list = select_arms(cfg, arms)
     seed_list = select_seeds(cfg, seeds)
     root = check_output_dir(Path(out_dir) if out_dir is not None else default_traces_dir(quick),
                             "traces directory (--out)")
     jobs = worker_count(backend, jobs)
-    if overrides and out_dir is None:
+    check_quick_root(root, quick)
+    check_writable(root, "traces directory", "--out DIR")
+    if overrides:
         base = experiment.name if isinstance(experiment, ExperimentConfig) else experiment
         say(f"dlfp: with --set overrides the trials are experiment {cfg.name}, in "
             f"{display_path(root / backend / cfg.name)} (the trials of {base} are left as they are)")
@@ -268,8 +275,8 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
     ``check_backend_config``), before any cache is looked at. On a backend that is not real-time (the
     simulator) every trial is then rerun and compared with the shipped one (``dlfp.pipeline.verify``), so the
     notebooks find them all complete, except the trials this code already verified (fresh: not rerun); on a
-    real-time backend cached trials are kept unless ``force``. With ``overrides`` and no explicit ``traces_dir``
-    the trials are derived experiments (``run_experiment``). An experiment notebook or the figures whose outputs
+    real-time backend cached trials are kept unless ``force``. With ``overrides`` the trials are derived
+    experiments (``run_experiment``), whatever ``traces_dir``. An experiment notebook or the figures whose outputs
     are fresh (``dlfp.pipeline.stamps``) is not executed again; ``force`` reruns every trial and executes every
     notebook.
 
@@ -283,9 +290,11 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
         PipelineError: a notebook fails (the failed copy is kept and named).
     """
     t0 = time.perf_counter()
+    check_arguments(backend=backend, experiments=experiments, force=force, quick=quick, out_dir=traces_dir,
+                    seeds=seeds, overrides=overrides, frontier=frontier, jobs=jobs)
     backend = resolve_backend(backend)
     names = list(experiments) if experiments else default_matrix(backend)
-    derive = bool(overrides) and traces_dir is None
+    derive = bool(overrides)
     plans = []
     for n in names:  # fail fast on a bad name or configuration, before any long run or cache look-up
         cfg = prepare_config(n, backend, overrides=overrides, quick=quick, frontier=frontier, derive=derive)
@@ -293,8 +302,12 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
         plans.append((cfg, select_arms(cfg, None), select_seeds(cfg, seeds)))
     traces = check_output_dir(Path(traces_dir) if traces_dir is not None else default_traces_dir(quick),
                               "traces directory (--traces)")
+    check_quick_root(traces, quick)
     results = check_output_dir(Path(results_dir) if results_dir is not None else default_results_dir(quick),
                                "results directory (--results)")
+    check_writable(traces, "traces directory", "--traces DIR")
+    if figures:
+        check_writable(results, "results directory", "--results DIR")
     verification, cached, rerender = None, 0, force
     if not get_backend(backend).real_time:
         from dlfp.pipeline.verify import verify_trials

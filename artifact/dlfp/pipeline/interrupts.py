@@ -33,15 +33,18 @@ class Tally:
 
     trials: int = 0
     experiments: list[str] = field(default_factory=list)
+    #: The interrupted command had ``--force`` (rerun everything): the same command would start over.
+    forced: bool = False
 
     def message(self, signum: int) -> str:
-        """The one line printed on an interrupt."""
+        """The one line printed on an interrupt: what finished and how to continue from there."""
         name = signal.Signals(signum).name
         parts = [f"{self.trials} trial(s)"] if self.trials or not self.experiments else []
         if self.experiments:
             parts.append(f"{len(self.experiments)} experiment(s) ({', '.join(self.experiments)})")
-        return (f"dlfp: interrupted ({name}) after {' and '.join(parts)} finished, kept on disk; "
-                f"rerun the same command to resume")
+        how = ("rerun the same command without --force to resume (with --force every trial runs again)"
+               if self.forced else "rerun the same command to resume")
+        return f"dlfp: interrupted ({name}) after {' and '.join(parts)} finished, kept on disk; {how}"
 
 
 TALLY = Tally()

@@ -15,9 +15,15 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 from dlfp.pipeline import stamps
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.interrupts import stop_at_once
-from dlfp.pipeline.paths import (check_output_dir, default_published_csv, default_results_dir, default_traces_dir,
-                                 display_path, notebook_path, notebooks_dir, repo_root)
+from dlfp.pipeline.paths import (check_output_dir, check_writable, default_published_csv, default_results_dir,
+                                 default_traces_dir, display_path, notebook_path, notebooks_dir, repo_root)
 from dlfp.pipeline.progress import PROGRESS_ENV
+
+
+#: Arguments of the notebook kernel: only its critical log lines reach the terminal (not ipykernel's warning that
+#: a local kernel talks over TCP, nor its log line for the interrupt that stops a kernel at shutdown); a cell's
+#: error still fails the execution and is reported by papermill.
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *, cwd: Path | None = None,
@@ -54,7 +60,8 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     try:
         with stop_at_once(cleanup):
             pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or repo_root()),
-                                progress_bar=False, kernel_name="python3", log_output=False)
+                                progress_bar=False, kernel_name="python3", log_output=False,
+                                extra_arguments=KERNEL_ARGUMENTS)
     except pm.PapermillExecutionError as e:
         # Keep the failed copy for inspection next to where the output would be.
         failed = (failed_dir or output.parent) / (output.stem + ".failed.ipynb")
@@ -236,7 +243,7 @@ def render_figures_checked(traces_dir: str | Path | None = None, results_dir: st
         from dlfp.analysis.tables import partial_results_dir
 
         results = partial_results_dir(results)
-    results = check_output_dir(results, "results directory (--out)")
+    results = check_writable(check_output_dir(results, "results directory (--out)"), "results directory", "--out DIR")
     if traces.exists() and not traces.is_dir():
         raise PipelineError(f"traces directory {traces} is not a directory")
     if not traces.is_dir():

@@ -80,5 +80,48 @@ def check_output_dir(path: Path, what: str) -> Path:
     return p
 
 
-__all__ = ["ROOT_ENV", "check_output_dir", "default_published_csv", "default_results_dir", "default_traces_dir",
-           "display_path", "notebook_path", "notebooks_dir", "repo_root"]
+def check_writable(path: Path, what: str, flag: str) -> Path:
+    """``path`` if a file can be created in it (or, when it does not exist yet, in its nearest existing parent);
+    else ``PipelineError`` naming ``what``, the directory and ``flag`` (the option that chooses another one).
+
+    Probes with a temporary directory that is removed at once, so a read-only root is named as itself, before any
+    trial or notebook runs, and not by the name of a temporary written inside it later.
+
+    Raises:
+        PipelineError: the directory is not writable (or the file system is full).
+    """
+    import errno
+    import tempfile
+
+    p = Path(path)
+    existing = next((c for c in (p, *p.parents) if c.exists()), None)
+    if existing is None:
+        return p
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dlfp-probe-", dir=existing))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            from dlfp.traces.format import no_space_message
+
+            raise PipelineError(no_space_message(f"the {what}", existing)) from None
+        where = "" if existing == p else f" (its parent {display_path(existing)} cannot hold it)"
+        raise PipelineError(f"{what} {display_path(p)} is not writable{where}: {e.strerror or e}; make it "
+                            f"writable or choose another with {flag}") from None
+    return p
+
+
+def check_quick_root(root: Path, quick: bool) -> None:
+    """Refuse a ``--quick`` smoke run whose traces would go into the shipped traces root ``data/traces``: its
+    trials have fewer requests than the experiment declares, so they may not stand in for the shipped ones.
+
+    Raises:
+        PipelineError: ``quick`` and ``root`` is ``default_traces_dir()``.
+    """
+    if quick and Path(root).resolve() == default_traces_dir().resolve():
+        raise PipelineError(f"--quick trials do not go into the shipped traces {display_path(root)}: leave out "
+                            f"--out/--traces (they go to {display_path(default_traces_dir(True))}) or name another "
+                            f"folder")
+
+
+__all__ = ["ROOT_ENV", "check_output_dir", "check_quick_root", "check_writable", "default_published_csv",
+           "default_results_dir", "default_traces_dir", "display_path", "notebook_path", "notebooks_dir", "repo_root"]

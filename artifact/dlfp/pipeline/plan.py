@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from dlfp.backends import BACKENDS, REGISTRY, Backend, get_backend
-from dlfp.config import ConfigError, ExperimentConfig, check_runnable, list_experiments, load_experiment
+from dlfp.config import (ConfigError, ExperimentConfig, check_runnable, experiment_file, list_experiments,
+                         load_experiment)
 from dlfp.pipeline.errors import PipelineError
 from dlfp.pipeline.progress import say
+from dlfp.trial_config import first_difference
 from dlfp.traces.format import TraceError, load_trial
 
 #: Environment variable that overrides backend auto-detection (a backend name or ``auto``).
@@ -170,7 +172,35 @@ def load_config(experiment: str, overrides: dict[str, Any] | None = None, quick:
     Raises:
         ConfigError: unknown experiment (lists the known ones) or a bad override.
     """
-    return _overridden(load_experiment(experiment), overrides, quick, derive)
+    cfg = load_experiment(experiment)
+    check_own_name(experiment, cfg)
+    return _overridden(cfg, overrides, quick, derive)
+
+
+#: Config fields that document an experiment without changing what runs.
+_DOC_KEYS = ("description", "assumptions", "tags")
+
+
+def check_own_name(source: str | Path, cfg: ExperimentConfig) -> None:
+    """Refuse an experiment YAML given by path whose ``name`` is a declared experiment (``experiment_file``) but
+    whose settings differ from that declaration: its trials would land in the declared experiment's folder.
+
+    Raises:
+        ConfigError: naming the file, the experiment and the first differing field.
+    """
+    p = Path(source)
+    if p.suffix not in (".yaml", ".yml"):
+        return
+    declared_file = experiment_file(cfg.name)
+    if not declared_file.is_file() or declared_file.resolve() == p.resolve():
+        return
+    declared = load_experiment(cfg.name)
+    mine, theirs = ({k: v for k, v in _normalise(c.model_dump(mode="json")).items() if k not in _DOC_KEYS}
+                    for c in (cfg, declared))
+    diff = first_difference(mine, theirs)
+    if diff is not None:
+        raise ConfigError(f"{p}: names experiment {cfg.name!r} but differs from {declared_file} ({diff}); give it a "
+                          f"name of its own (field name) so its trials never replace those of {cfg.name}")
 
 
 def _overridden(cfg: ExperimentConfig, overrides: dict[str, Any] | None, quick: bool,
@@ -194,17 +224,33 @@ def prepare_config(experiment: str | ExperimentConfig, backend: str, *, override
     Raises:
         ConfigError: unknown experiment, bad override, or a request longer than ``max_model_len``.
         PipelineError: bad ``backend_options.frontier_caps``.
+        WorkloadError: a replayed trace file that is missing or garbled (``check_workload_files``).
     """
     if isinstance(experiment, ExperimentConfig):
         cfg = _overridden(experiment, overrides, quick, derive)
     else:
         cfg = load_config(experiment, overrides, quick, derive)
     check_runnable(cfg)
+    check_workload_files(cfg)
     if frontier is None:
         frontier = get_backend(backend).frontier_by_default
     if frontier:
         cfg = cfg.with_overrides(frontier_overrides(cfg))
     return cfg
+
+
+def check_workload_files(cfg: ExperimentConfig) -> None:
+    """Read the trace file a replayed workload names (``workload.trace.path``), so a missing or garbled one stops
+    the run before any trial starts (the read is cached for the trials that follow).
+
+    Raises:
+        WorkloadError: the file is missing, a directory, or not of its format (one line naming the file).
+    """
+    tr = cfg.workload.trace
+    if cfg.workload.kind == "trace" and tr is not None:
+        from dlfp.workload.replay import load_trace
+
+        load_trace(tr.path, tr.format)
 
 
 def check_backend_config(cfg: ExperimentConfig, backend: str) -> None:
@@ -223,6 +269,51 @@ def check_backend_config(cfg: ExperimentConfig, backend: str) -> None:
     check = getattr(get_backend(backend).module(), "check_config", None)
     if callable(check):
         check(cfg)
+
+
+# --------------------------------------------------------------------------- arguments (notebook parameters)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+#: Each argument of ``run_experiment``/``run_all`` (the notebook's parameters): (accepts, expected, example).
+_ARGUMENTS: dict[str, tuple[Any, str, str]] = {
+    "experiment": (lambda v: isinstance(v, (str, ExperimentConfig)), "an experiment name", '"qwen3-0.6b-tp1"'),
+    "backend": (lambda v: v is None or isinstance(v, str), "a backend name or None", '"sim"'),
+    "seeds": (lambda v: v is None or isinstance(v, (list, tuple)) and all(_is_int(s) for s in v),
+              "a list of integers or None", "[801, 802]"),
+    "arms": (lambda v: v is None or isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v),
+             "a list of arm names or None", '["baseline", "dlfp"]'),
+    "experiments": (lambda v: v is None or isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v),
+                    "a list of experiment names or None", '["qwen3-0.6b-tp1"]'),
+    "out_dir": (lambda v: v is None or isinstance(v, (str, os.PathLike)), "a folder path or None", '"data/traces"'),
+    "overrides": (lambda v: v is None or isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                  "a mapping of dotted config keys to values", '{"workload.num_requests": 5}'),
+    "force": (lambda v: isinstance(v, bool), "true or false", "True"),
+    "quick": (lambda v: isinstance(v, bool), "true or false", "True"),
+    "frontier": (lambda v: v is None or isinstance(v, bool), "true, false or None", "False"),
+    "jobs": (lambda v: v is None or _is_int(v) and v > 0, "a positive integer or None", "2"),
+}
+
+
+def check_arguments(**arguments: Any) -> None:
+    """Check the type of each named argument of ``run_experiment``/``run_all`` (the parameters ``papermill -p``
+    and ``-y`` hand ``notebooks/experiment.ipynb``), before anything runs.
+
+    Raises:
+        PipelineError: one line naming the first wrong argument, the type expected, an example and what was given,
+            e.g. ``parameter seeds: expected a list of integers or None, e.g. [801, 802]; got int 801``.
+    """
+    for name, value in arguments.items():
+        accepts, expected, example = _ARGUMENTS[name]
+        if not accepts(value):
+            hint = ""
+            if name in ("overrides", "seeds", "arms", "experiments"):
+                hint = f" (papermill takes it as YAML: -y '{{\"{name}\": {example}}}')"
+            raise PipelineError(f"parameter {name}: expected {expected}, e.g. {example}; got "
+                                f"{type(value).__name__} {value!r}{hint}")
 
 
 # --------------------------------------------------------------------------- trial plan
@@ -364,7 +455,8 @@ def default_matrix(backend: str, gpu: bool | None = None) -> list[str]:
     return out
 
 
-__all__ = ["BACKEND_ENV", "FRONTIER_PREFIX", "JOBS_ENV", "QUICK_NUM_REQUESTS", "auto_backend", "check_backend_config",
+__all__ = ["BACKEND_ENV", "FRONTIER_PREFIX", "JOBS_ENV", "QUICK_NUM_REQUESTS", "auto_backend", "check_arguments",
+           "check_backend_config", "check_own_name", "check_workload_files",
            "config_mismatch", "default_matrix", "derived_experiment", "experiment_backends", "frontier_overrides",
            "gpu_present", "load_config", "parse_overrides", "prepare_config", "quick_overrides", "resolve_backend",
            "select_arms", "select_seeds", "software_present", "trial_state", "worker_count"]

@@ -13,6 +13,7 @@ interrupted: the trials compared until then).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -70,6 +71,33 @@ def place_trial(fresh: Path, shipped: Path) -> None:
     replace_directory(fresh, shipped)
 
 
+#: Name prefix of the scratch folder a verification reruns trials into: ``<traces>/.rerun-<pid>-<random>``.
+SCRATCH_PREFIX = ".rerun-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (signal 0 probes it without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_scratch(traces: Path) -> list[Path]:
+    """Remove the scratch folders (``.rerun-*``) under ``traces`` whose process is gone (a run that was killed);
+    returns them. One of a live process (another run on the same root) is left alone."""
+    removed = []
+    for d in sorted(Path(traces).glob(f"{SCRATCH_PREFIX}*")):
+        pid = d.name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+        if d.is_dir() and not (pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid))):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], backend: str, traces: Path,
                   jobs: int, progress: bool = True, force: bool = False) -> Verification:
     """Rerun every (config, arm, seed) of ``plans`` on ``backend`` that is not fresh and keep or replace the shipped
@@ -96,7 +124,8 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
     if not jobs_list:
         verified.write_record(rec_path, code, fresh)
         return out
-    scratch = Path(tempfile.mkdtemp(prefix=".rerun-", dir=traces))
+    remove_stale_scratch(traces)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=traces))
     jobs_list = [(key, args[:-1] + (str(scratch),)) for key, args in jobs_list]
     entries: dict = dict(fresh)
     bar = tqdm(total=out.total, desc=f"rerun {_kind(backend)} trials and compare", unit="trial",
@@ -143,4 +172,4 @@ def _compare_and_place(out: Verification, scratch: Path, traces: Path, backend: 
     return shipped
 
 
-__all__ = ["Verification", "place_trial", "verify_trials"]
+__all__ = ["SCRATCH_PREFIX", "Verification", "place_trial", "remove_stale_scratch", "verify_trials"]

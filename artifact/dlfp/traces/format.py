@@ -17,6 +17,7 @@ and the field.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -213,10 +214,14 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     """Write a trial atomically under ``root`` and return its directory.
 
     The directory is determined by ``metadata`` keys backend/experiment/arm/seed.
-    Frames are validated first (same checks as ``load_trial``).
+    Frames are validated first (same checks as ``load_trial``). A trial on disk that the new one equals but for
+    provenance (``dlfp.traces.compare``: the same Parquet bytes, metadata differing only in ``git_commit``,
+    ``versions`` or free text) is left untouched, so an identical rerun changes no file.
 
     Raises:
-        TraceError: invalid frames or metadata, or the trial exists and not ``overwrite``.
+        TraceError: invalid frames or metadata, the trial exists and not ``overwrite``, the file system is full
+            (``no_space_message``: the directory and its free space) or ``root`` is not writable. A failed write
+            leaves nothing behind: no temporary, no empty folder it made.
     """
     md = dict(trial.metadata)
     md.setdefault("format_version", FORMAT_VERSION)
@@ -228,10 +233,12 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
     dest = trial_dir(root, md["backend"], md["experiment"], md["arm"], md["seed"])
     if dest.exists() and not overwrite:
         raise TraceError(f"{dest}: trial exists (pass overwrite/--force to replace it)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    created = [d for d in (dest.parent, dest.parent.parent, dest.parent.parent.parent) if not d.exists()]
     started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp = None
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         for n, df in frames.items():
             _write_parquet(df, tmp / f"{n}.parquet", FILES[n])
         with open(tmp / "metadata.json", "w") as f:
@@ -239,12 +246,61 @@ def write_trial(trial: Trial, root: str | Path, *, overwrite: bool = False) -> P
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        replace_directory(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if dest.is_dir() and not _differs(dest, tmp):
+            shutil.rmtree(tmp, ignore_errors=True)  # identical but for provenance: the trial on disk stays
+        else:
+            replace_directory(tmp, dest)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for d in created:  # the arm (and experiment, backend) folders this write made, if still empty
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
+            raise TraceError(no_space_message(dest, root)) from None
+        if isinstance(e, PermissionError):
+            raise TraceError(f"traces directory {root} is not writable ({e.strerror}); make it writable or "
+                             f"write the traces elsewhere (--out DIR)") from None
         raise
     _remove_stale_temporaries(dest, started)
     return dest
+
+
+#: ``OSError.errno`` values that mean the file system is full (no space left, disk quota exceeded).
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_space(path: str | Path) -> str:
+    """The free space of the file system holding ``path`` (or its nearest existing parent), e.g. ``"312 KB"``;
+    ``"unknown"`` when it cannot be read."""
+    p = Path(path)
+    for cand in (p, *p.parents):
+        if cand.exists():
+            try:
+                free = float(shutil.disk_usage(cand).free)
+            except OSError:
+                return "unknown"
+            for unit in ("bytes", "KB", "MB", "GB"):
+                if free < 1024 or unit == "GB":
+                    return f"{free:.0f} {unit}" if unit == "bytes" else f"{free:.1f} {unit}"
+                free /= 1024
+    return "unknown"
+
+
+def no_space_message(what: str | Path, root: str | Path) -> str:
+    """One line for a write that ran out of space: what was being written, the directory and its free space."""
+    return (f"no space left on the device writing {what}: {free_space(root)} free in {root}; free some space or "
+            f"write elsewhere (--out DIR)")
+
+
+def _differs(dest: Path, fresh: Path) -> bool:
+    """Whether the written trial ``fresh`` differs from the one at ``dest`` (``dlfp.traces.compare``: Parquet bytes,
+    metadata without provenance such as ``git_commit``)."""
+    from dlfp.traces.compare import trial_differences  # compare reads trials this module writes
+
+    return bool(trial_differences(dest, fresh))
 
 
 def _remove_stale_temporaries(dest: Path, before: float) -> None:

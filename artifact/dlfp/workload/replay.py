@@ -140,7 +140,8 @@ def load_trace(path: str | Path, fmt: str) -> tuple[TraceRequest, ...]:
     if p.is_dir():
         raise WorkloadError(f"workload.trace.path: trace file {p} is a directory")
     if not p.is_file():
-        raise WorkloadError(f"workload.trace.path: trace file {p} does not exist")
+        raise WorkloadError(f"workload.trace.path: trace file {p} does not exist (a path relative to the repository "
+                            f"root, e.g. data/workloads/mooncake_conversation_trace.jsonl, or an absolute one)")
     return _read_trace_cached(str(p), fmt, p.stat().st_mtime_ns)
 
 

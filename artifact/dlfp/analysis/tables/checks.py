@@ -6,6 +6,10 @@ A table is only as good as the set of trials under it, so a render first checks:
 * the set is complete: for every backend/experiment present, every arm present (and the baseline arm) has a
   trial for every seed the experiment's config declares (a backend may run a subset of the arms, e.g.
   ``dlfp run <exp> --backend emu --arms baseline dlfp``; a missing seed or a missing baseline is a gap);
+* every trial ran the configuration its experiment declares: the recorded config (``metadata["config"]``)
+  of a shipped experiment is the one of ``experiments/<experiment>.yaml`` (``dlfp.trial_config.trial_config``: what
+  shapes that arm's trial), or its ``--quick`` variant outside the shipped traces root; the trials of a derived
+  experiment (``<experiment>+<hash>``, a run with ``--set``) all ran one configuration of that name;
 * every pair a table compares (a candidate arm and the baseline arm, same experiment, same seed) ran the same
   workload (``metadata["workload_fingerprint"]``) and the same engine settings (the recorded config without
   ``ENGINE_IGNORED_KEYS``).
@@ -20,6 +24,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlfp.config import ConfigError, ExperimentConfig, experiment_file, load_experiment
+from dlfp.paths import PACKAGE_DIR
+from dlfp.trial_config import first_difference, trial_config, trial_config_sha256
 from dlfp.traces.format import TraceError, trial_dir
 
 if TYPE_CHECKING:  # loading imports this module
@@ -42,15 +49,93 @@ def engine_settings(config: Any) -> dict:
     return {k: v for k, v in config.items() if k not in ENGINE_IGNORED_KEYS}
 
 
-def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
-    """The first key path where two JSON values differ, as ``key: a vs b``; ``None`` when equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            d = _first_difference(a.get(k), b.get(k), f"{prefix}{k}.")
-            if d is not None:
-                return d
+def declared_config(experiment: str) -> ExperimentConfig | None:
+    """The configuration a shipped experiment declares (``experiments/<experiment>.yaml``); ``None`` for a
+    derived id (``<experiment>+<hash>``) or a name no YAML declares."""
+    if "+" in experiment:
         return None
-    return None if a == b else f"{prefix.rstrip('.')}: {a!r} vs {b!r}"
+    try:
+        return load_experiment(experiment)
+    except ConfigError:
+        return None
+
+
+def _declared_variants(cfg: ExperimentConfig, arm: str, shipped_root: bool) -> list[ExperimentConfig]:
+    """The configurations ``cfg`` allows for a trial of ``arm``: as declared (a ``fixed-<cap>`` arm of
+    ``backend_options.frontier_caps`` added), and, outside the shipped traces root, the ``--quick`` variant."""
+    from dlfp.pipeline.plan import frontier_overrides, quick_overrides
+
+    if arm not in cfg.arms:
+        try:
+            cfg = cfg.with_overrides(frontier_overrides(cfg))
+        except (ConfigError, TraceError, ValueError):
+            pass
+    out = [cfg]
+    if not shipped_root and quick_overrides(cfg):
+        out.append(cfg.with_overrides(quick_overrides(cfg)))
+    return out
+
+
+def config_problem(lt: LoadedTrial, declared: ExperimentConfig | None, reference: LoadedTrial | None,
+                   shipped_root: bool = True, variants: dict | None = None) -> str | None:
+    """Why trial ``lt`` does not stand for its experiment (one line naming it and the first differing field), else
+    ``None``.
+
+    Against ``declared`` (``declared_config``) when the experiment has a YAML (``dlfp.trial_config.trial_config_sha256``
+    of the recorded configuration and of the declared one, for the trial's arm, must be equal); otherwise against
+    ``reference``, the group's first trial (a derived experiment's trials must all have run the same configuration).
+    ``variants``: a dict this call may keep the declared variants of each arm in (for a set of trials).
+    """
+    recorded = lt.trial.metadata.get("config")
+    if not isinstance(recorded, dict):
+        return f"{lt.path}: records no configuration (metadata.json has no config); rerun it"
+    mine = trial_config(recorded, lt.arm)
+    if declared is not None:
+        cache = {} if variants is None else variants
+        key = (declared.name, lt.arm, shipped_root)
+        if key not in cache:
+            allowed = _declared_variants(declared, lt.arm, shipped_root)
+            cache[key] = (allowed[0], {trial_config_sha256(v, lt.arm) for v in allowed})
+        if trial_config_sha256(recorded, lt.arm) in cache[key][1]:
+            return None
+        diff = first_difference(mine, trial_config(cache[key][0], lt.arm))
+        where = experiment_file(lt.experiment)
+        where = where.relative_to(PACKAGE_DIR) if where.is_relative_to(PACKAGE_DIR) else where
+        return (f"{lt.path}: its configuration is not the one {lt.experiment} declares (first difference "
+                f"{diff}, recorded vs {where}); a run with other settings belongs under its own experiment id: "
+                f"remove it, or rerun it with `dlfp run {lt.experiment} --backend {lt.backend} --force`")
+    if mine.get("name") != lt.experiment:
+        return (f"{lt.path}: its configuration names experiment {mine.get('name')!r}, not {lt.experiment!r}; "
+                f"remove it or rerun it")
+    if reference is None or reference is lt:
+        return None
+    ref = trial_config(reference.trial.metadata.get("config") or {}, lt.arm)
+    ref["arm"] = mine["arm"]  # arms of a derived experiment differ by design; the rest must not
+    diff = first_difference(mine, ref)
+    if diff is None:
+        return None
+    return (f"{lt.path}: its configuration differs from that of {reference.path} (first difference {diff}); "
+            f"the trials of one experiment id must share one configuration: remove one of them or rerun it")
+
+
+def config_problems(ts: TraceSet) -> list[tuple[str, str]]:
+    """``config_problem`` of every loaded trial, as (path, message)."""
+    from dlfp.pipeline.paths import default_traces_dir
+
+    try:
+        shipped = ts.root.resolve() == default_traces_dir().resolve()
+    except OSError:
+        shipped = True
+    out, variants = [], {}
+    for backend, experiment in ts.groups():
+        declared = declared_config(experiment)
+        group = ts.select(backend, experiment)
+        reference = next((lt for lt in group if isinstance(lt.trial.metadata.get("config"), dict)), None)
+        for lt in group:
+            msg = config_problem(lt, declared, reference, shipped, variants)
+            if msg is not None:
+                out.append((str(lt.path), msg))
+    return out
 
 
 def pairing_problem(base: LoadedTrial, cand: LoadedTrial) -> str | None:
@@ -60,7 +145,7 @@ def pairing_problem(base: LoadedTrial, cand: LoadedTrial) -> str | None:
     if fb != fc:
         return (f"{cand.path} and {base.path}: different workloads (workload_fingerprint {str(fc)[:12]} vs "
                 f"{str(fb)[:12]}); a candidate is only compared with the baseline of the same workload")
-    diff = _first_difference(engine_settings(mc.get("config")), engine_settings(mb.get("config")))
+    diff = first_difference(engine_settings(mc.get("config")), engine_settings(mb.get("config")))
     if diff is not None:
         return (f"{cand.path} and {base.path}: different engine settings ({diff}); a run with other settings "
                 f"belongs under its own experiment id")
@@ -111,8 +196,9 @@ def missing_trials(ts: TraceSet) -> list[tuple[str, str]]:
 
 
 def trace_set_problems(ts: TraceSet) -> list[tuple[str, str]]:
-    """Every problem of the set: trials that did not load, missing trials, mismatched pairs (path, message)."""
-    return list(ts.problems) + missing_trials(ts) + pairing_problems(ts)
+    """Every problem of the set: trials that did not load, missing trials, trials of another configuration
+    than their experiment declares, mismatched pairs (path, message)."""
+    return list(ts.problems) + config_problems(ts) + missing_trials(ts) + pairing_problems(ts)
 
 
 def problem_line(path: str, message: str) -> str:
@@ -158,6 +244,7 @@ def identical_workload_seeds(ts: TraceSet, backend: str, experiment: str) -> lis
     return sorted(tuple(sorted(s)) for s in by_fp.values() if len(s) > 1)
 
 
-__all__ = ["ENGINE_IGNORED_KEYS", "IDENTICAL_WORKLOADS", "PartialTraceSet", "engine_settings",
+__all__ = ["ENGINE_IGNORED_KEYS", "IDENTICAL_WORKLOADS", "PartialTraceSet", "config_problem", "config_problems",
+           "declared_config", "engine_settings",
            "identical_workload_seeds", "incomplete_groups", "missing_trials", "pairing_problem", "pairing_problems",
            "problem_line", "raise_if_partial", "trace_set_problems"]

@@ -172,13 +172,38 @@ def _token_count(g: pd.DataFrame, pub: pd.Series, pubs: pd.DataFrame, base: str,
     return out
 
 
-def _arm_mean(g: pd.DataFrame, which: str, col: str, base: str, candidate: str) -> dict:
-    """A row naming an arm: that arm's mean over seeds, with the direction of candidate minus baseline."""
+#: Relative tolerance a row naming an arm (that arm's own value, e.g. its P99 ITL in ms) is judged with: the paper
+#: states no interval for these, so its value is taken as reproduced within +-20 %.
+ARM_TOLERANCE = 0.20
+#: The least half-width of that tolerance for a count (SLO passes: one request), so a published 0 is not exact.
+ARM_COUNT_FLOOR = 1.0
+
+
+def arm_tolerance(published: float, unit: str) -> tuple[float, float, str]:
+    """The interval ``(low, high, how)`` a published arm value is reproduced within: +-``ARM_TOLERANCE`` of it, at
+    least +-``ARM_COUNT_FLOOR`` for a count of requests (``unit`` starting with "requests")."""
+    half = ARM_TOLERANCE * abs(published)
+    how = f"published +-{100 * ARM_TOLERANCE:.0f} %"
+    if unit.startswith("requests") and half < ARM_COUNT_FLOOR:
+        half, how = ARM_COUNT_FLOOR, f"published +-{ARM_COUNT_FLOOR:g} request (+-{100 * ARM_TOLERANCE:.0f} % is less)"
+    return published - half, published + half, how
+
+
+def _arm_mean(g: pd.DataFrame, pub: pd.Series, col: str, base: str, candidate: str) -> dict:
+    """A row naming an arm: that arm's mean over seeds, with the direction of candidate minus baseline, and its
+    magnitude judged against the published value +- ``arm_tolerance``."""
     def mean_of(arm: str) -> float:
         return float(g.loc[g["arm"] == arm, col].mean())
 
-    return dict(reproduced=mean_of(which), reproduced_direction=_direction(mean_of(candidate) - mean_of(base)),
-                note="mean over seeds" + (" (per trial)" if col == "slo_passes" else ""))
+    value = mean_of(pub["arm_or_change"])
+    out: dict[str, Any] = dict(reproduced=value,
+                               reproduced_direction=_direction(mean_of(candidate) - mean_of(base)),
+                               note="mean over seeds" + (" (per trial)" if col == "slo_passes" else ""))
+    if np.isfinite(pub["value"]) and np.isfinite(value):
+        lo, hi, how = arm_tolerance(float(pub["value"]), str(pub["unit"]))
+        out["within_interval"] = bool(lo <= value <= hi)
+        out["paper_interval"] = f"[{lo:.1f}, {hi:.1f}] ({how})"
+    return out
 
 
 def _slo_passes_change(g: pd.DataFrame, pub: pd.Series, base: str, candidate: str) -> dict:
@@ -273,7 +298,7 @@ def _reproduce_row(ts: TraceSet, backend: str, pub: pd.Series, pubs: pd.DataFram
     if col is None:
         return _no_reproduction(f"metric {metric!r} is not known to the reproduction")
     if which in (base, candidate) or which in set(g["arm"]):
-        out.update(_arm_mean(g, which, col, base, candidate))
+        out.update(_arm_mean(g, pub, col, base, candidate))
     elif metric == "slo_passes" and which == "change":
         out.update(_slo_passes_change(g, pub, base, candidate))
     else:
@@ -309,7 +334,8 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
     ``change_mean``/``change``, ``change_ci95_low``/``_high`` are paired
     changes of ``candidate_arm`` vs the baseline in percent (negative =
     lower); an arm name is that arm's mean over seeds (ms, or SLO passes per
-    trial); ``all_arms_seeds`` sums both arms over seeds; token ids count each
+    trial), its magnitude judged against the published value +- ``ARM_TOLERANCE``
+    (``arm_tolerance``); ``all_arms_seeds`` sums both arms over seeds; token ids count each
     agreeing pair once per arm; ``verdict`` is win / not a win (P99 ITL
     interval below zero and no fewer SLO passes).
 
@@ -318,8 +344,9 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
     (with the interval used in ``paper_interval``) is set for a mean change
     whose experiment publishes a 95 % interval, and for a per-seed change
     against that interval or, without one, against the range of the
-    published per-seed changes; ``None`` (Markdown: "n/a") where the paper
-    gives no interval.
+    published per-seed changes, and for a row naming an arm against the
+    published value +- ``ARM_TOLERANCE``; ``None`` (Markdown: "direction
+    only" or "n/a") where there is neither.
 
     Returns:
         (table, messages): messages name every published experiment without
@@ -383,22 +410,33 @@ def _number(v: Any, unit: str) -> str:
     return f"{v:.6g}"
 
 
+def _unjudged_magnitude(r: pd.Series) -> str:
+    """The "magnitude agrees" cell of a row without a magnitude verdict: "direction only" when its direction was
+    judged, "n/a" for another reproduced number, else empty."""
+    if not (isinstance(r["reproduced"], (float, int)) and np.isfinite(r["reproduced"])):
+        return ""
+    return "direction only" if r["agrees"] is True or r["agrees"] is False else "n/a"
+
+
 def pvr_markdown_frame(pvr: pd.DataFrame) -> pd.DataFrame:
-    """A compact view of ``published_vs_reproduced`` for Markdown (no source sentences)."""
+    """A compact view of ``published_vs_reproduced`` for Markdown (no source sentences).
+
+    "magnitude agrees" is the reproduced value against the paper's interval (a 95 % CI, the range of its seeds)
+    or, for a row naming an arm, the published value +- ``ARM_TOLERANCE`` (``arm_tolerance``), the bounds in
+    "magnitude judged against"; a row judged on its direction alone says "direction only".
+    """
     out = []
     for _, r in pvr.iterrows():
         pub = _number(r["published"], r["unit"])
         if r["published_qualitative"]:
             pub = f"{pub} ({r['published_qualitative']})" if pub else r["published_qualitative"]
-        reproduced_number = isinstance(r["reproduced"], (float, int)) and np.isfinite(r["reproduced"])
         out.append({"backend": r["backend"], "experiment": r["experiment"], "metric": r["metric"],
                     "arm or change": r["arm_or_change"], "published": pub,
                     "reproduced": _number(r["reproduced"], r["unit"]),
                     "direction agrees": (BY_CONSTRUCTION if isinstance(r["agrees"], str)
                                          else yes_no(r["agrees"], "yes", "NO")),
-                    "within paper's interval": yes_no(r["within_interval"], "yes", "no")
-                    or ("n/a" if reproduced_number else ""),
-                    "paper's interval": r.get("paper_interval", ""),
+                    "magnitude agrees": yes_no(r["within_interval"], "yes", "no") or _unjudged_magnitude(r),
+                    "magnitude judged against": r.get("paper_interval", ""),
                     "note": r["note"]})
     return pd.DataFrame(out)
 
@@ -416,5 +454,6 @@ def write_published_vs_reproduced(ts: TraceSet, results_dir: str | Path,
     return pvr, messages
 
 
-__all__ = ["BY_CONSTRUCTION", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS", "PVR_COLUMNS", "empty_pvr", "load_published",
-           "published_vs_reproduced", "pvr_markdown_frame", "write_published_vs_reproduced"]
+__all__ = ["ARM_COUNT_FLOOR", "ARM_TOLERANCE", "BY_CONSTRUCTION", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS",
+           "PVR_COLUMNS", "arm_tolerance", "empty_pvr", "load_published", "published_vs_reproduced",
+           "pvr_markdown_frame", "write_published_vs_reproduced"]

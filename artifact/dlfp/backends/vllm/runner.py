@@ -96,12 +96,18 @@ def setup_run_dir(run_dir: str | Path | None = None) -> Path:
 
     Called once per process (vLLM caches some of these variables); later calls
     return the same directory. Short default path (``/tmp/dlfp-vllm-*``)
-    because ZMQ ipc socket paths are limited to 107 bytes.
+    because ZMQ ipc socket paths are limited to 107 bytes; that default one is removed when the process exits
+    (a ``run_dir`` given is kept).
     """
     global _RUN_DIR
     if _RUN_DIR is not None:
         return _RUN_DIR
     d = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="dlfp-vllm-", dir="/tmp"))
+    if not run_dir:  # a directory of our own: removed when this process ends
+        import atexit
+        import shutil
+
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
     for sub in ("cache/vllm", "cache/inductor", "rpc", "tmp", "logs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     os.environ.update({
