@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from multiprocessing.connection import wait as mp_wait
 from typing import Any, Callable, Hashable, Sequence
 
 from dlfp.pipeline.errors import PipelineError
@@ -115,9 +117,25 @@ def _dead_keys(procs: dict, started) -> dict[Hashable, str]:
     out = {}
     for pid, proc in procs.items():
         proc.join(timeout=5)
-        if proc.exitcode not in (0, None, STOPPED_EXIT, -signal.SIGTERM) and pid in running:
-            out[running[pid]] = _how(proc.exitcode)
+        code = _exitcode(proc)
+        ended = code is not None or bool(mp_wait([proc.sentinel], timeout=0))
+        if ended and code not in (0, STOPPED_EXIT, -signal.SIGTERM) and pid in running:
+            out[running[pid]] = _how(code)
     return out
+
+
+def _exitcode(proc, wait_s: float = 2.0) -> int | None:
+    """``proc.exitcode``, waiting up to ``wait_s`` seconds for it once the process has ended.
+
+    The pool's own manager thread reaps broken workers too; when its ``waitpid`` wins, this thread's reads
+    ``None`` until that thread has stored the status on the shared process object. ``None``: still unknown.
+    """
+    deadline = time.monotonic() + wait_s
+    while proc.exitcode is None and time.monotonic() < deadline:
+        if not mp_wait([proc.sentinel], timeout=0):
+            return None  # still running
+        time.sleep(0.01)
+    return proc.exitcode
 
 
 def run_pool(jobs: Sequence[tuple[Hashable, tuple]], fn: Callable[..., Any], workers: int,
