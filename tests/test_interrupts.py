@@ -28,10 +28,18 @@ SLOW = ["--set", "workload.num_requests=1500", "--set", "workload.rate=4", "--se
 pytestmark = pytest.mark.skipif(not EXE.exists(), reason="dlfp console script not installed (pip install -e .)")
 
 
+def _terminal_signals() -> None:
+    """In the child before ``exec``: SIGINT and SIGQUIT as in a terminal. A test run started in the background by
+    a non-interactive shell (``make test &``, CI) ignores them, and an ignored signal stays ignored across
+    ``exec``: Ctrl-C would then never reach ``dlfp``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _start(args: list[str], jobs: int, env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
     env = dict(os.environ, DLFP_JOBS=str(jobs), DLFP_BACKEND="sim", **(env_extra or {}))
     return subprocess.Popen([str(EXE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            **kw)
+                            preexec_fn=_terminal_signals, **kw)
 
 
 def _wait_for(cond, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -168,7 +176,8 @@ print("finished", file=sys.stderr)
 def test_a_signal_after_the_kernel_finished_leaves_no_temporary_notebook(tmp_path, step, sig, status):
     out = tmp_path / "out" / "executed.ipynb"
     proc = subprocess.run([sys.executable, "-c", _AFTER_EXECUTION, str(tmp_path / "source.ipynb"), str(out), step,
-                           sig], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                           sig], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          preexec_fn=_terminal_signals)
     assert proc.returncode == status, proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("[IPKernelApp]")]
     assert lines == [f"dlfp: interrupted ({sig}) after 0 trial(s) finished, kept on disk; rerun the same command to "
