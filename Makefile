@@ -21,7 +21,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures;"
 	@echo "               on the simulator every trial is rerun and compared with the shipped trace (reproducibility"
-	@echo "               check: identical ones stay untouched) unless this code verified it before (VERIFIED.json);"
+	@echo "               check: identical ones stay untouched) unless this code verified it on this machine before"
+	@echo "               (.cache/dlfp/verified/sim.json: a fresh clone reruns every trial);"
 	@echo "               real-time backends keep cached trials; fresh notebooks are not re-executed (ARGS=--force)"
 	@echo "make figures   rebuild data/results/ from cached traces only (no engine runs; fresh outputs are kept)"
 	@echo "make lab       install JupyterLab (extra 'lab', pinned; not part of the test environment) and open the"

@@ -165,11 +165,11 @@ def _no_rerun(*args):
     raise AssertionError(f"trial rerun although fresh: {args[1:3]}")
 
 
-def test_verified_trials_are_not_rerun_until_forced(traces, monkeypatch, capsys):
+def test_verified_trials_are_not_rerun_until_forced(traces, tmp_path, monkeypatch, capsys):
     first = verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
     assert (first.total, first.identical, first.fresh) == (4, 4, 0)
-    record = verified.record_path(traces, "sim")
-    assert record == traces / "sim" / "VERIFIED.json"
+    record = verified.record_path("sim")
+    assert record == tmp_path / "cache" / "verified" / "sim.json"
     entries = json.loads(record.read_text())["trials"]
     assert sorted(entries) == [f"{EXP}/{a}/seed-{s}" for a in ("baseline", "dlfp") for s in (801, 802)]
     d = trial_dir(traces, "sim", EXP, "dlfp", 801)
@@ -179,14 +179,14 @@ def test_verified_trials_are_not_rerun_until_forced(traces, monkeypatch, capsys)
     monkeypatch.setattr(execute, "_trial_worker", _no_rerun)
     again = verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
     assert (again.total, again.fresh) == (0, 4)
-    assert again.fresh_line() == "4 trials fresh: verified by this code, not rerun; --force reruns"
+    assert again.fresh_line() == "4 trials fresh: verified by this code on this machine, not rerun; --force reruns"
     with pytest.raises(AssertionError, match="fresh"):
         verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False, force=True)
 
 
 def test_the_record_is_deterministic(traces):
     verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
-    record = verified.record_path(traces, "sim")
+    record = verified.record_path("sim")
     first = record.read_bytes()
     rec = json.loads(first)
     entries = {tuple(k.rsplit("/", 2)[:2]) + (int(k.rsplit("-", 1)[1]),): v for k, v in rec["trials"].items()}
@@ -200,7 +200,7 @@ def test_the_record_is_deterministic(traces):
 def test_a_changed_code_config_or_trace_byte_makes_a_trial_not_fresh(traces):
     plans = [_plan()]
     verify.verify_trials(plans, "sim", traces, jobs=1, progress=False)
-    rec = verified.load_record(verified.record_path(traces, "sim"))
+    rec = verified.load_record(verified.record_path("sim"))
     code = fingerprint.code_fingerprint("trial")
     assert len(verified.fresh_trials(rec, plans, "sim", traces, code)) == 4
     assert verified.fresh_trials(rec, plans, "sim", traces, "f" * 64) == {}  # other code: nothing is fresh
@@ -214,7 +214,7 @@ def test_a_changed_code_config_or_trace_byte_makes_a_trial_not_fresh(traces):
     assert (EXP, "baseline", 802) not in fresh and len(fresh) == 3
     res = verify.verify_trials(plans, "sim", traces, jobs=1, progress=False)
     assert (res.fresh, res.total, list(res.replaced)) == (3, 1, [f"sim/{EXP}/baseline/seed-802"])
-    rec = verified.load_record(verified.record_path(traces, "sim"))
+    rec = verified.load_record(verified.record_path("sim"))
     assert len(verified.fresh_trials(rec, plans, "sim", traces, code)) == 4  # the replaced trial is recorded
 
 

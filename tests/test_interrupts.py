@@ -6,6 +6,7 @@ long enough (about a second each) that the signal lands after the first trial fi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,10 +38,18 @@ def _declare(**settings) -> None:
 pytestmark = pytest.mark.skipif(not EXE.exists(), reason="dlfp console script not installed (pip install -e .)")
 
 
-def _start(args: list[str], jobs: int, **kw) -> subprocess.Popen:
-    env = dict(os.environ, DLFP_JOBS=str(jobs), DLFP_BACKEND="sim")
+def _terminal_signals() -> None:
+    """In the child before ``exec``: SIGINT and SIGQUIT as in a terminal. A test run started in the background by
+    a non-interactive shell (``make test &``, CI) ignores them, and an ignored signal stays ignored across
+    ``exec``: Ctrl-C would then never reach ``dlfp``."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def _start(args: list[str], jobs: int, env_extra: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    env = dict(os.environ, DLFP_JOBS=str(jobs), DLFP_BACKEND="sim", **(env_extra or {}))
     return subprocess.Popen([str(EXE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            **kw)
+                            preexec_fn=_terminal_signals, **kw)
 
 
 def _wait_for(cond, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -100,24 +109,114 @@ def test_workers_end_when_the_parent_is_killed(tmp_path):
     assert alive == [], [p.cmdline() for p in alive]
 
 
+def _notebooks_with_a_waiting_cell(root: Path, marker: Path) -> None:
+    """Copy the notebook sources under ``root``, ``experiment.ipynb`` ending with a cell that writes ``marker``
+    and then waits: once ``marker`` exists, the kernel is executing and the executed copy is still a temporary."""
+    import nbformat
+
+    shutil.copytree(pipeline.notebooks_dir(), root / "notebooks")
+    path = root / "notebooks" / "experiment.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(
+        f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('executing')\ntime.sleep(600)"))
+    nbformat.write(nb, str(path))
+
+
 def test_signal_during_run_all_notebook_is_one_line_without_temporaries(tmp_path):
-    traces, results = tmp_path / "traces", tmp_path / "results"
+    root, marker = tmp_path / "repo", tmp_path / "kernel-executing"
+    _notebooks_with_a_waiting_cell(root, marker)
+    traces, results = root / "data" / "traces", root / "data" / "results"
     _declare(workload__num_requests=5)
     proc = _start(["run-all", "--experiments", EXP, "--seeds", "801", "--traces", str(traces), "--results",
-                   str(results), "--no-progress", "--no-figures", "--no-frontier"], 1)
+                   str(results), "--no-progress", "--no-figures", "--no-frontier"], 1,
+                  env_extra={pipeline.ROOT_ENV: str(root)})
+    _wait_for(marker.exists, proc)
     tmp_nb = traces / "sim" / EXP / ".experiment.tmp.ipynb"
-    _wait_for(tmp_nb.exists, proc)
+    assert tmp_nb.exists()  # papermill saved the copy after the finished cells; the waiting cell still runs
     kernels = psutil.Process(proc.pid).children(recursive=True)
+    assert kernels
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("dlfp run-all")]
+    # progress lines of run-all and the kernel's own start-up log (it shares the terminal) aside: one line
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("dlfp run-all", "[IPKernelApp]"))]
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("dlfp: interrupted (SIGINT) after 2 trial(s) finished")
     assert _hidden(traces) == [] and not (traces / "sim" / EXP / "experiment.ipynb").exists()
     assert len(find_trials(traces)) == 2 and all(is_complete(d) for d in find_trials(traces))
     gone, alive = psutil.wait_procs(kernels, timeout=10)
     assert alive == []
+
+
+#: Executes a one-cell notebook with the interrupt handling of the ``dlfp`` command and sends this process
+#: SIGINT (or SIGTERM) at the named step after the kernel finished: while the executed copy is cleaned, or
+#: just after it was renamed into place.
+_AFTER_EXECUTION = """
+import os, signal, sys
+from pathlib import Path
+import nbformat
+from dlfp.pipeline import interrupts, notebooks
+
+src, out, step, sig = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], getattr(signal, sys.argv[4])
+nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), str(src))
+interrupts.install()
+clean, replace = notebooks.clean_executed, os.replace
+
+def clean_then_signal(path, source, output):
+    clean(path, source, output)
+    if step == "clean":
+        os.kill(os.getpid(), sig)
+
+def replace_then_signal(a, b):
+    replace(a, b)
+    if step == "replace" and Path(b) == out:
+        os.kill(os.getpid(), sig)
+
+notebooks.clean_executed = clean_then_signal
+notebooks.os.replace = replace_then_signal
+try:
+    notebooks.execute_notebook(src, out, {}, cwd=src.parent)
+except KeyboardInterrupt as e:
+    print("unwound", interrupts.signal_of(e), file=sys.stderr)
+    sys.exit(interrupts.EXIT_STATUS[interrupts.signal_of(e)])
+print("finished", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("step,sig,status", [("clean", "SIGINT", 130), ("replace", "SIGINT", 130),
+                                             ("clean", "SIGTERM", 143)])
+def test_a_signal_after_the_kernel_finished_leaves_no_temporary_notebook(tmp_path, step, sig, status):
+    out = tmp_path / "out" / "executed.ipynb"
+    proc = subprocess.run([sys.executable, "-c", _AFTER_EXECUTION, str(tmp_path / "source.ipynb"), str(out), step,
+                           sig], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          preexec_fn=_terminal_signals)
+    assert proc.returncode == status, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("[IPKernelApp]")]
+    assert lines == [f"dlfp: interrupted ({sig}) after 0 trial(s) finished, kept on disk; rerun the same command to "
+                     f"resume"], proc.stderr
+    assert _hidden(tmp_path / "out") == []
+    assert out.exists() == (step == "replace")  # renamed just before the signal: the output is whole
+
+
+def test_an_interrupt_after_the_kernel_finished_removes_the_temporary_notebook(tmp_path, monkeypatch):
+    """Without the command's handler (a library call), the interrupt unwinds and the temporary is removed."""
+    import nbformat
+
+    from dlfp.pipeline import notebooks
+
+    src, out = tmp_path / "source.ipynb", tmp_path / "out" / "executed.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), str(src))
+    seen = []
+
+    def interrupted(path, source, output):
+        seen.append(Path(path).name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(notebooks, "clean_executed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        notebooks.execute_notebook(src, out, {}, cwd=tmp_path)
+    assert seen == [".executed.tmp.ipynb"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
 
 
 # --------------------------------------------------------------------------- a worker that dies

@@ -147,7 +147,8 @@ def test_figures_notebook_from_cached_traces(tmp_path):
     # Byte-for-byte reproduction of the committed tables is checked in test_results_regression.py.
 
 
-def test_run_all_on_the_simulator(tmp_path):
+def test_run_all_on_the_simulator(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLFP_CACHE_DIR", str(tmp_path / "cache"))  # this machine's verification record stays apart
     pytest.importorskip("dlfp.backends.sim.runner",
                         reason="simulator backend dlfp.backends.sim.runner is not installed yet")
     traces, results = tmp_path / "traces", tmp_path / "results"

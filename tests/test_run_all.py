@@ -2,15 +2,18 @@
 executed notebooks byte-identical on rerun, one summary line."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
-from dlfp import pipeline
+from dlfp import fingerprint, pipeline
 from dlfp.cli import main
 from dlfp.config import load_experiment
-from dlfp.pipeline import execute, verify
+from dlfp.paths import CACHE_ENV, REPO_ROOT
+from dlfp.pipeline import execute, provenance, verified, verify
 from dlfp.traces.compare import trial_differences
 from dlfp.traces.format import find_trials, trial_dir, write_trial
 from test_cli import one_line_error
@@ -18,6 +21,12 @@ from test_pipeline import EXP, SMALL, declare_experiment, fake_trial
 
 TINY = {"workload.num_requests": 5, "workload.num_warmup": 1, "workload.output_tokens": 8,
         "backend_options.frontier_caps": [], "arms": {"baseline": {"policy": "nocap"}, "dlfp": {"policy": "dlfp"}}}
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test its own cache folder: this machine's verification record is never touched."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
 
 
 @pytest.mark.parametrize("override,named", [("tp=3", "tp"), ("model=qwen3-0.7b", "qwen3-0.7b")])
@@ -82,6 +91,7 @@ def _repo_copy(tmp_path):
 
 def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path, monkeypatch, capsys):
     root = _repo_copy(tmp_path)
+    monkeypatch.delenv(CACHE_ENV)  # the default: the record in the root's .cache/
     monkeypatch.setenv(pipeline.ROOT_ENV, str(root))
     monkeypatch.setenv(pipeline.JOBS_ENV, "1")
     traces, results = root / "data" / "traces", root / "data" / "results"
@@ -98,14 +108,15 @@ def test_run_all_twice_is_byte_identical_and_ends_with_one_summary_line(tmp_path
     out = captured.out.strip().splitlines()
     assert [p.read_bytes() for p in nbs] == first
     assert {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")} == trials  # untouched
-    assert "dlfp run-all: 6 trials fresh: verified by this code, not rerun; --force reruns" in captured.err
+    assert ("dlfp run-all: 6 trials fresh: verified by this code on this machine, not rerun; --force reruns"
+            in captured.err)
     assert len(out) == 1 and out[0].startswith(
-        "run-all on sim: 1 experiment(s), 6 trials fresh (verified by this code, not rerun); 1 of 1 experiment "
-        "notebook(s) fresh, not re-executed; results in data/results (fresh, not re-rendered); ") \
+        "run-all on sim: 1 experiment(s), 6 trials fresh (verified by this code on this machine, not rerun); 1 of 1 "
+        "experiment notebook(s) fresh, not re-executed; results in data/results (fresh, not re-rendered); ") \
         and out[0].endswith(" s")
     stamps = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.json") if p.name != "metadata.json")
-    assert stamps == ["data/results/figures.stamp.json", "data/traces/sim/VERIFIED.json",
-                      f"data/traces/sim/{EXP}/experiment.stamp.json"]
+    assert stamps == [".cache/dlfp/verified/sim.json", "data/results/figures.stamp.json",
+                      "data/traces/sim/PROVENANCE.json", f"data/traces/sim/{EXP}/experiment.stamp.json"]
     assert main(args + ["--force"]) == 0  # reruns and compares every trial, executes every notebook again
     out = capsys.readouterr().out.strip().splitlines()
     assert [p.read_bytes() for p in nbs] == first
@@ -154,3 +165,113 @@ def test_an_identical_rerun_rewrites_no_file_for_a_git_commit_difference(tmp_pat
     changed.metadata["energy"] = {"joules": 1.0}
     write_trial(changed, tmp_path, overwrite=True)
     assert '"joules": 1.0' in (d / "metadata.json").read_text() and list(tmp_path.rglob(".*")) == []
+
+
+def test_a_fresh_clone_reruns_every_trial_and_a_second_run_skips_them(tmp_path, monkeypatch, capsys):
+    """Shipped traces and their provenance but no record of this machine (a fresh clone): every trial is rerun
+    and compared; the record then lets the next run skip them, and the provenance stays byte for byte."""
+    root = _repo_copy(tmp_path)
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv(pipeline.ROOT_ENV, str(root))
+    monkeypatch.setenv(pipeline.JOBS_ENV, "1")
+    traces = root / "data" / "traces"
+    args = ["run-all", "--backend", "sim", "--experiments", EXP, "--traces", str(traces), "--results",
+            str(root / "data" / "results"), "--no-progress", "--no-figures"]
+    declare_experiment(load_experiment(EXP, TINY))  # the experiment as declared here
+    assert main(args) == 0  # the "shipping" run: 6 trials added to an empty traces folder
+    record = root / ".cache" / "dlfp" / "verified" / "sim.json"
+    assert verified.record_path("sim") == record
+    prov_path = traces / "sim" / "PROVENANCE.json"
+    prov = prov_path.read_bytes()
+    names = sorted(d.relative_to(traces / "sim").as_posix() for d in find_trials(traces))
+    assert len(names) == 6 and sorted(json.loads(prov)["trials"]) == names
+    code = fingerprint.code_fingerprint("trial")
+    for name in names:
+        entry = json.loads(prov)["trials"][name]
+        assert entry["code"] == code and entry["trace"] == fingerprint.trial_sha256(traces / "sim" / name)
+    assert list(json.loads(prov)["codes"]) == [code]
+    trials = {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")}
+
+    record.unlink()  # a fresh clone: the traces and the provenance, no record of this machine
+    capsys.readouterr()
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "dlfp run-all: 6 of 6 simulator trials identical to the shipped traces" in captured.err.splitlines()
+    assert "trials fresh" not in captured.err
+    assert captured.out.startswith("run-all on sim: 1 experiment(s), 6 trials rerun, 6 identical to the shipped "
+                                   "traces, 0 replaced; ")
+    assert {p: p.stat().st_mtime_ns for p in traces.rglob("*.parquet")} == trials  # identical: untouched
+    assert prov_path.read_bytes() == prov
+    rec = json.loads(record.read_text())
+    assert rec["code"] == code and sorted(rec["trials"]) == names
+
+    def no_rerun(*a):
+        raise AssertionError(f"trial rerun although verified on this machine: {a[1:3]}")
+
+    monkeypatch.setattr(execute, "_trial_worker", no_rerun)
+    capsys.readouterr()
+    assert main(args) == 0  # the second run on this machine
+    captured = capsys.readouterr()
+    assert ("dlfp run-all: 6 trials fresh: verified by this code on this machine, not rerun; --force reruns"
+            in captured.err.splitlines())
+    assert prov_path.read_bytes() == prov
+
+
+def test_the_record_is_per_machine_and_the_committed_provenance_names_no_verification(monkeypatch):
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.delenv(pipeline.ROOT_ENV, raising=False)
+    record = verified.record_path("sim")
+    assert record == REPO_ROOT / ".cache" / "dlfp" / "verified" / "sim.json"
+    rel = record.relative_to(REPO_ROOT).as_posix()
+    assert "/.cache/" in (REPO_ROOT / ".gitignore").read_text().splitlines()
+    if shutil.which("git") and (REPO_ROOT / ".git").exists():
+        ignored = subprocess.run(["git", "check-ignore", "-q", rel], cwd=REPO_ROOT)
+        assert ignored.returncode == 0, f"{rel} is not git-ignored"
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert verified.record_path("sim") is None
+    shipped = REPO_ROOT / "data" / "traces" / "sim"
+    assert not (shipped / "VERIFIED.json").exists()
+    prov = provenance.load_provenance(provenance.provenance_path(REPO_ROOT / "data" / "traces", "sim"))
+    assert "verified" not in prov["about"].lower()
+    on_disk = sorted(d.relative_to(shipped).as_posix() for d in find_trials(shipped.parent)
+                     if d.parts[-4] == "sim" and "+" not in d.parts[-3])
+    assert on_disk  # the shipped simulator matrix
+    assert sorted(prov["trials"]) == on_disk
+    for name in on_disk:
+        assert prov["trials"][name]["trace"] == fingerprint.trial_sha256(shipped / name), name
+        assert prov["trials"][name]["code"] in prov["codes"]
+
+
+def test_with_the_cache_off_every_run_reruns_every_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, "off")
+    traces = tmp_path / "traces"
+    first = verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
+    again = verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
+    assert (first.total, first.added, again.total, again.identical, again.fresh) == (4, 4, 4, 4, 0)
+    assert not (tmp_path / "cache").exists() and not (traces / "sim" / "VERIFIED.json").exists()
+
+
+def test_a_replaced_trial_names_the_code_that_wrote_it_in_the_provenance(tmp_path):
+    traces = tmp_path / "traces"
+    verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False)
+    changed = trial_dir(traces, "sim", EXP, "dlfp", 802)
+    (changed / "tokens.parquet").write_bytes((changed / "tokens.parquet").read_bytes() + b"x")
+    path = provenance.provenance_path(traces, "sim")
+    prov = json.loads(path.read_text())
+    old = "0" * 64  # as if older code had written every trial, the changed one with the bytes it has now
+    prov["codes"] = {old: {"python": "3.11"}}
+    prov["trials"] = {n: {**e, "code": old} for n, e in prov["trials"].items()}
+    prov["trials"][f"{EXP}/dlfp/seed-802"]["trace"] = fingerprint.trial_sha256(changed)
+    fingerprint.write_json_atomic(path, prov)
+    res = verify.verify_trials([_plan()], "sim", traces, jobs=1, progress=False, force=True)
+    assert (res.identical, list(res.replaced)) == (3, [f"sim/{EXP}/dlfp/seed-802"])
+    now = json.loads(path.read_text())
+    code = fingerprint.code_fingerprint("trial")
+    want = {f"{EXP}/{a}/seed-{s}": code if (a, s) == ("dlfp", 802) else old
+            for a in ("baseline", "dlfp") for s in (801, 802)}
+    assert {n: e["code"] for n, e in now["trials"].items()} == want
+    assert now["trials"][f"{EXP}/dlfp/seed-802"]["trace"] == fingerprint.trial_sha256(changed)
+    assert sorted(now["codes"]) == sorted([old, code]) and now["codes"][code] == fingerprint.environment()
+    assert provenance.update_provenance(path, code, fingerprint.environment(),
+                                        {(EXP, "baseline", 801): {k: now["trials"][f"{EXP}/baseline/seed-801"][k]
+                                                                  for k in ("config", "trace")}}) == []

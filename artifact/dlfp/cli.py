@@ -181,7 +181,7 @@ def run_all_summary(res: dict) -> str:
     n = len(res["notebooks"])
     v = res.get("verification")
     if v is not None:
-        parts = [f"{v.fresh} trials fresh (verified by this code, not rerun)"] if v.fresh else []
+        parts = [f"{v.fresh} trials fresh (verified by this code on this machine, not rerun)"] if v.fresh else []
         if v.total or not v.fresh:
             rerun = f"{v.total} trials rerun, {v.identical} identical to the shipped traces, {len(v.replaced)} replaced"
             parts.append(rerun + (f", {v.added} added (were missing)" if v.added else ""))

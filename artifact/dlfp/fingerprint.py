@@ -2,7 +2,8 @@
 
 Every fingerprint is a sha256 hex digest (64 characters) computed from bytes only, never from modification
 times or absolute paths, so two checkouts with the same files give the same fingerprints. Used by the render
-stamps and the simulator's verification record (``dlfp.pipeline.stamps``, ``dlfp.pipeline.verified``) and by
+stamps, the simulator's verification record and provenance (``dlfp.pipeline.stamps``, ``dlfp.pipeline.verified``,
+``dlfp.pipeline.provenance``) and by
 the per-trial digest cache of the tables (``dlfp.analysis.tables.digest_cache``).
 """
 from __future__ import annotations

@@ -16,6 +16,9 @@ MODELS_DIR = PACKAGE_DIR / "models"
 HF_MODELS_DIR = MODELS_DIR / "hf"
 #: GPU datasheets and fitted CPU profiles.
 HARDWARE_DIR = PACKAGE_DIR / "hardware"
+#: Environment variable naming the folder of per-machine caches (default ``<repository>/.cache/dlfp``; ``off``
+#: disables them): the tables' per-trial digests and the simulator's verification record.
+CACHE_ENV = "DLFP_CACHE_DIR"
 #: Derived workload profiles (prompt-length quantiles).
 DATA_DIR = PACKAGE_DIR / "data"
 #: Environment variable naming a folder of experiment YAMLs read before the package's ``experiments/``: a

@@ -14,7 +14,9 @@ Modules, in the order a run uses them:
 * ``execute``: ``run_experiment`` (in process or a worker pool) and ``run_all``;
 * ``pool``: worker processes that end with their parent and whose death names the trial;
 * ``verify``: ``run-all`` on the simulator reruns every trial and compares it with the shipped one;
-* ``verified``: the record of the trials this code already reran and found identical (not rerun again);
+* ``verified``: this machine's record of the trials this code already reran and found identical (not rerun
+  again; kept in ``.cache/``, never committed);
+* ``provenance``: the committed record of which code wrote each shipped simulator trial;
 * ``notebooks``: papermill execution of ``experiment.ipynb`` and ``figures.ipynb`` (``render_figures``),
   reproducible executed copies, and the parameter check the notebooks call;
 * ``stamps``: content fingerprints of what rendered each executed notebook (a fresh one is not executed again);

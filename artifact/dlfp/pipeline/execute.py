@@ -274,11 +274,11 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
     Every selected experiment's configuration is built and checked for the backend first (``prepare_config``,
     ``check_backend_config``), before any cache is looked at. On a backend that is not real-time (the
     simulator) every trial is then rerun and compared with the shipped one (``dlfp.pipeline.verify``), so the
-    notebooks find them all complete, except the trials this code already verified (fresh: not rerun); on a
-    real-time backend cached trials are kept unless ``force``. With ``overrides`` the trials are derived
-    experiments (``run_experiment``), whatever ``traces_dir``. An experiment notebook or the figures whose outputs
-    are fresh (``dlfp.pipeline.stamps``) is not executed again; ``force`` reruns every trial and executes every
-    notebook.
+    notebooks find them all complete, except the trials this code already verified on this machine (fresh: not
+    rerun); on a real-time backend cached trials are kept unless ``force``. With ``overrides`` the trials are
+    derived experiments (``run_experiment``), whatever ``traces_dir``. An experiment notebook or the figures whose
+    outputs are fresh (``dlfp.pipeline.stamps``) is not executed again; ``force`` reruns every trial and executes
+    every notebook.
 
     Returns a dict with ``backend``, ``notebooks`` (executed experiment copies, fresh or just executed),
     ``figures_notebook``, ``results_dir``, ``traces_dir``, ``seconds`` (wall time), ``verification``
@@ -318,7 +318,7 @@ def run_all(*, backend: str | None = None, experiments: Sequence[str] | None = N
             say(f"dlfp run-all: {verification.fresh_line()}")
         if verification.total:
             say(f"dlfp run-all: {verification.summary()}")
-        force = False  # every trial was just rerun and checked, or verified by this code before
+        force = False  # every trial was just rerun and checked, or verified by this code on this machine before
     elif not force:
         cached = sum(trial_state(trial_dir(traces, backend, cfg.name, a, s), cfg, a)[0] == "complete"
                      for cfg, arms, seed_list in plans for s in seed_list for a in arms)

@@ -36,8 +36,9 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     repository root). ``progress_env`` sets ``$DLFP_PROGRESS_STDERR=1`` for the kernel, so progress bars go to
     the terminal (``dlfp.pipeline.progress``). A failed execution is kept as ``<output stem>.failed.ipynb``; a
     successful one removes an earlier failed copy (``failed_dir``: keep it there instead). Interrupted
-    (Ctrl-C, SIGTERM), the temporary copy and trial
-    temporaries under ``temporaries`` are removed (``dlfp.pipeline.interrupts``).
+    (Ctrl-C, SIGTERM) at any moment between papermill creating the temporary copy
+    (``.<output stem>.tmp.ipynb``) and its rename into place, the temporary copy and trial temporaries under
+    ``temporaries`` are removed (``dlfp.pipeline.interrupts``).
 
     Raises:
         PipelineError: the notebook does not exist, or a cell failed (names the error and the failed copy).
@@ -57,21 +58,29 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     old = os.environ.get(PROGRESS_ENV)
     if progress_env:
         os.environ[PROGRESS_ENV] = "1"
+    # The temporary copy lives only inside ``stop_at_once`` and the ``except`` below: from papermill creating it
+    # to its rename into ``output`` (or the failed copy), a signal removes it.
     try:
         with stop_at_once(cleanup):
-            pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or repo_root()),
-                                progress_bar=False, kernel_name="python3", log_output=False,
-                                extra_arguments=KERNEL_ARGUMENTS)
-    except pm.PapermillExecutionError as e:
-        # Keep the failed copy for inspection next to where the output would be.
-        failed = (failed_dir or output.parent) / (output.stem + ".failed.ipynb")
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            clean_executed(tmp, notebook, failed)
-            os.replace(tmp, failed)
-        last = (e.evalue or "").strip().splitlines()
-        raise PipelineError(f"{notebook.name} failed ({e.ename}: {last[-1] if last else ''}); "
-                            f"executed copy: {display_path(failed)}") from None
+            try:
+                pm.execute_notebook(str(notebook), str(tmp), parameters=parameters, cwd=str(cwd or repo_root()),
+                                    progress_bar=False, kernel_name="python3", log_output=False,
+                                    extra_arguments=KERNEL_ARGUMENTS)
+            except pm.PapermillExecutionError as e:
+                # Keep the failed copy for inspection next to where the output would be.
+                failed = (failed_dir or output.parent) / (output.stem + ".failed.ipynb")
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    clean_executed(tmp, notebook, failed)
+                    os.replace(tmp, failed)
+                last = (e.evalue or "").strip().splitlines()
+                raise PipelineError(f"{notebook.name} failed ({e.ename}: {last[-1] if last else ''}); "
+                                    f"executed copy: {display_path(failed)}") from None
+            clean_executed(tmp, notebook, output)
+            os.replace(tmp, output)
+    except PipelineError:
+        tmp.unlink(missing_ok=True)
+        raise
     except BaseException:
         cleanup()
         raise
@@ -81,8 +90,6 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
                 os.environ.pop(PROGRESS_ENV, None)
             else:
                 os.environ[PROGRESS_ENV] = old
-    clean_executed(tmp, notebook, output)
-    os.replace(tmp, output)
     stale = output.with_name(output.stem + ".failed.ipynb")
     if stale.exists():
         stale.unlink()

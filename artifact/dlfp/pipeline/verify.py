@@ -6,10 +6,12 @@ trial leaves the shipped files untouched (so a clean checkout stays clean); a di
 replaced by the fresh one (atomically: old moved aside, new renamed in, old removed). The scratch directory is
 removed afterwards, also when interrupted.
 
-A trial that this exact code already reran and found identical (``dlfp.pipeline.verified``: the record
-``<traces>/<backend>/VERIFIED.json`` matches the trial's files, its configuration and the code fingerprint) is
-fresh and not rerun, unless ``force``. Every trial rerun is entered into the record (also when the run is
-interrupted: the trials compared until then).
+A trial that this exact code already reran on this machine and found identical (``dlfp.pipeline.verified``: this
+machine's record, ``.cache/dlfp/verified/<backend>.json``, matches the trial's files, its configuration and the
+code fingerprint) is fresh and not rerun, unless ``force``; a fresh clone has no record and reruns every trial.
+Every trial rerun is entered into the record and, where the committed provenance
+(``<traces>/<backend>/PROVENANCE.json``, ``dlfp.pipeline.provenance``) does not describe it, into that (also when
+the run is interrupted: the trials compared until then).
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfp.config import ExperimentConfig
-from dlfp.fingerprint import trial_sha256
-from dlfp.pipeline import verified
+from dlfp.fingerprint import environment, trial_sha256
+from dlfp.pipeline import provenance, verified
 from dlfp.pipeline.interrupts import TALLY
 from dlfp.pipeline.progress import progress_file, say
 from dlfp.traces.compare import trial_differences
@@ -37,14 +39,14 @@ class Verification:
     identical: int = 0
     replaced: dict[str, list[str]] = field(default_factory=dict)
     added: int = 0
-    #: Trials not rerun: verified earlier by this code (``dlfp.pipeline.verified``).
+    #: Trials not rerun: verified earlier by this code on this machine (``dlfp.pipeline.verified``).
     fresh: int = 0
 
     def fresh_line(self) -> str:
         """The one line about the trials not rerun ("" when every trial was rerun)."""
         if not self.fresh:
             return ""
-        return f"{self.fresh} trials fresh: verified by this code, not rerun; --force reruns"
+        return f"{self.fresh} trials fresh: verified by this code on this machine, not rerun; --force reruns"
 
     def summary(self) -> str:
         """``N of M simulator trials identical to the shipped traces`` (+ how many were replaced)."""
@@ -103,8 +105,10 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
     """Rerun every (config, arm, seed) of ``plans`` on ``backend`` that is not fresh and keep or replace the shipped
     trial; ``force`` reruns the fresh ones too.
 
-    Names each trial that differed (and what differed) on stderr and enters every trial compared into the
-    verification record. Raises what a trial raises.
+    Names each trial that differed (and what differed) on stderr, enters every trial compared into this
+    machine's verification record (``verified.record_path``) and into the provenance where it does not describe
+    the trial (``provenance.update_provenance``). Raises what a trial raises, and ``OSError`` when the provenance
+    cannot be written (a verification record that cannot be written is only named).
     """
     from tqdm import tqdm
 
@@ -114,7 +118,7 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
 
     traces.mkdir(parents=True, exist_ok=True)
     code = code_fingerprint("trial", fresh=True)  # the code as it is now, before any trial runs
-    rec_path = verified.record_path(traces, backend)
+    rec_path = verified.record_path(backend)
     fresh = {} if force else verified.fresh_trials(verified.load_record(rec_path), plans, backend, traces, code)
     configs = {cfg.name: cfg for cfg, _, _ in plans}
     out = Verification(backend, fresh=len(fresh))
@@ -122,20 +126,21 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
                  for cfg, arms, seeds in plans for seed in seeds for arm in arms if (cfg.name, arm, seed) not in fresh]
     out.total = len(jobs_list)
     if not jobs_list:
-        verified.write_record(rec_path, code, fresh)
+        _write_record(rec_path, code, fresh)
         return out
     remove_stale_scratch(traces)
     scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=traces))
     jobs_list = [(key, args[:-1] + (str(scratch),)) for key, args in jobs_list]
     entries: dict = dict(fresh)
+    rerun: dict = {}
     bar = tqdm(total=out.total, desc=f"rerun {_kind(backend)} trials and compare", unit="trial",
                file=progress_file(), disable=not progress, dynamic_ncols=True)
 
     def done(key, _elapsed) -> None:
         name, arm, seed = key
         shipped = _compare_and_place(out, scratch, traces, backend, key)
-        entries[key] = {"config": verified.trial_config_sha256(configs[name], arm, seed, backend),
-                        "trace": trial_sha256(shipped)}
+        entries[key] = rerun[key] = {"config": verified.trial_config_sha256(configs[name], arm, seed, backend),
+                                     "trace": trial_sha256(shipped)}
         TALLY.trials += 1
         bar.update(1)
 
@@ -148,8 +153,20 @@ def verify_trials(plans: list[tuple[ExperimentConfig, list[str], list[int]]], ba
     finally:
         bar.close()
         shutil.rmtree(scratch, ignore_errors=True)
-        verified.write_record(rec_path, code, entries)
+        _write_record(rec_path, code, entries)
+        if rerun:
+            provenance.update_provenance(provenance.provenance_path(traces, backend), code, environment(), rerun)
     return out
+
+
+def _write_record(path: Path | None, code: str, entries: dict) -> None:
+    """``verified.write_record``; a cache folder that cannot be written is named in one line, not an error (the
+    next run then reruns these trials)."""
+    try:
+        verified.write_record(path, code, entries)
+    except OSError as e:
+        say(f"dlfp: cannot write the verification record {path} ({e.strerror or e}); the next run-all reruns "
+            f"these trials")
 
 
 def _compare_and_place(out: Verification, scratch: Path, traces: Path, backend: str, key) -> Path:

@@ -28,11 +28,9 @@ from typing import Any
 import numpy as np
 
 from dlfp.fingerprint import canonical_json, code_fingerprint, file_sha256, text_sha256
-from dlfp.paths import REPO_ROOT
+from dlfp.paths import CACHE_ENV, REPO_ROOT
 from dlfp.traces.format import Trial, load_trial
 
-#: Environment variable naming the cache folder (``off`` disables the cache).
-CACHE_ENV = "DLFP_CACHE_DIR"
 _MAGIC = b"dlfp-trial-digest 1\n"
 _PARQUET = ("iterations.parquet", "requests.parquet", "tokens.parquet")
 
