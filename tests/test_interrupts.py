@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from dlfp import pipeline
+from dlfp.pipeline.notebooks import kernel_connection_files
 from dlfp.config import load_experiment
 from dlfp.traces.format import find_trials, is_complete
 from test_pipeline import declare_experiment
@@ -127,10 +128,12 @@ def test_signal_during_run_all_notebook_is_one_line_without_temporaries(tmp_path
     _notebooks_with_a_waiting_cell(root, marker)
     traces, results = root / "data" / "traces", root / "data" / "results"
     _declare(workload__num_requests=5)
+    connection_files = kernel_connection_files()
     proc = _start(["run-all", "--experiments", EXP, "--seeds", "801", "--traces", str(traces), "--results",
                    str(results), "--no-progress", "--no-figures", "--no-frontier"], 1,
                   env_extra={pipeline.ROOT_ENV: str(root)})
     _wait_for(marker.exists, proc)
+    assert kernel_connection_files() - connection_files  # the running kernel's
     tmp_nb = traces / "sim" / EXP / ".experiment.tmp.ipynb"
     assert tmp_nb.exists()  # papermill saved the copy after the finished cells; the waiting cell still runs
     kernels = psutil.Process(proc.pid).children(recursive=True)
@@ -146,6 +149,7 @@ def test_signal_during_run_all_notebook_is_one_line_without_temporaries(tmp_path
     assert len(find_trials(traces)) == 2 and all(is_complete(d) for d in find_trials(traces))
     gone, alive = psutil.wait_procs(kernels, timeout=10)
     assert alive == []
+    assert kernel_connection_files() - connection_files == set()  # the stopped kernel's file is gone too
 
 
 #: Executes a one-cell notebook with the interrupt handling of the ``dlfp`` command and sends this process

@@ -51,9 +51,13 @@ def execute_notebook(notebook: Path, output: Path, parameters: dict[str, Any], *
     tmp = output.with_name(f".{output.stem}.tmp.ipynb")
     started = time.time()
 
+    known = kernel_connection_files()
+
     def cleanup() -> None:
         tmp.unlink(missing_ok=True)
         remove_trial_temporaries(temporaries, started)
+        for path in kernel_connection_files() - known:  # the kernel was stopped before it could remove its own
+            path.unlink(missing_ok=True)
 
     old = os.environ.get(PROGRESS_ENV)
     if progress_env:
@@ -122,6 +126,26 @@ def clean_executed(path: Path, source: Path, output: Path) -> None:
         for k in _TIMING_KEYS:
             cell.metadata.get("papermill", {}).pop(k, None)
     nbformat.write(nb, str(path))
+
+
+#: Keys of a Jupyter kernel connection file (``jupyter_client.connect.write_connection_file``).
+_CONNECTION_KEYS = {"shell_port", "iopub_port", "control_port", "key", "transport"}
+
+
+def kernel_connection_files(directory: Path | None = None) -> set[Path]:
+    """Jupyter kernel connection files (``tmp*.json`` holding a kernel's ports and key) in ``directory`` (default
+    the temporary folder, where jupyter_client writes them for papermill's kernels). A stopped kernel's file is
+    left there when its process is interrupted; ``execute_notebook`` removes the ones its run created."""
+    import json
+
+    out = set()
+    for path in Path(directory or tempfile.gettempdir()).glob("tmp*.json"):
+        try:
+            if path.stat().st_size < 4096 and _CONNECTION_KEYS <= set(json.loads(path.read_text())):
+                out.add(path)
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
 
 
 def remove_trial_temporaries(dirs: Sequence[Path], since: float) -> None:
