@@ -231,3 +231,24 @@ def test_a_successful_notebook_prints_no_kernel_warning(tmp_path, capfd):
     assert cells[-1].outputs[0]["data"]["text/plain"] == "30"  # 6 * 5: the injected parameter was used
     err = capfd.readouterr().err
     assert "IPKernelApp" not in err and "WARNING" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_stream_outputs_split_by_timing_are_joined():
+    """The kernel may send one cell's printing as one stream message or several (timing); the cleaned copy is
+    the same either way: consecutive stream outputs of one name are joined, other outputs stay in place."""
+    import nbformat
+
+    from dlfp.pipeline.notebooks import coalesce_streams
+
+    new = nbformat.v4.new_output
+    one = [new("stream", name="stdout", text="tables in x:\n  a.csv\n  b.csv\n")]
+    split = [new("stream", name="stdout", text="tables in x:"), new("stream", name="stdout", text="\n  a.csv\n"),
+             new("stream", name="stdout", text="  b.csv\n")]
+    assert coalesce_streams(split) == coalesce_streams(one) == one
+    mixed = [new("stream", name="stdout", text="a"), new("stream", name="stderr", text="w"),
+             new("stream", name="stdout", text="b"), new("display_data", data={"text/plain": "x"}),
+             new("stream", name="stdout", text="c"), new("stream", name="stdout", text="d")]
+    got = coalesce_streams(mixed)
+    assert [(o.output_type, o.get("name"), "".join(o.get("text", ""))) for o in got] == [
+        ("stream", "stdout", "a"), ("stream", "stderr", "w"), ("stream", "stdout", "b"), ("display_data", None, ""),
+        ("stream", "stdout", "cd")]

