@@ -12,7 +12,8 @@ from dlfp.hostinfo import host_identity, host_key, host_label, host_record, key_
 INTEL = {"cpu_model": "Intel(R) Xeon(R) Processor", "vector_flags": "amx_bf16 avx2 avx512f", "mhz": 2600.0,
          "mhz_max": None, "logical_cpus": 2, "affinity": [0, 1],
          "torch": {"num_threads": 2, "num_interop_threads": 2, "cpu_capability": "AVX512", "version": "2.10.0"},
-         "env": {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "1", "MKL_NUM_THREADS": None}}
+         "env": {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_WAIT_POLICY": "PASSIVE",
+                 "MKL_NUM_THREADS": None}}
 
 
 def record(ident: dict) -> dict:
@@ -26,7 +27,8 @@ def test_vector_flags_keeps_the_vector_isa_flags_sorted():
 
 
 def test_host_key_is_the_sha256_of_the_speed_fields_written_out_by_hand():
-    text = json.dumps({"affinity_size": 2, "cpu_model": "Intel(R) Xeon(R) Processor", "env.OMP_NUM_THREADS": "1",
+    text = json.dumps({"affinity_size": 2, "cpu_model": "Intel(R) Xeon(R) Processor",
+                       "env.OMP_NUM_THREADS": "1", "env.OMP_WAIT_POLICY": "PASSIVE",
                        "env.VLLM_CPU_OMP_THREADS_BIND": "1", "logical_cpus": 2, "torch.cpu_capability": "AVX512",
                        "torch.num_interop_threads": 2, "torch.num_threads": 2,
                        "vector_flags": "amx_bf16 avx2 avx512f"}, sort_keys=True)
@@ -36,6 +38,7 @@ def test_host_key_is_the_sha256_of_the_speed_fields_written_out_by_hand():
     assert host_key({**INTEL, "affinity": [1]}) != host_key(INTEL)
     assert host_key({**INTEL, "torch": {**INTEL["torch"], "num_threads": 1}}) != host_key(INTEL)
     assert host_key({**INTEL, "env": {**INTEL["env"], "OMP_NUM_THREADS": "2"}}) != host_key(INTEL)
+    assert host_key({**INTEL, "env": {**INTEL["env"], "OMP_WAIT_POLICY": None}}) != host_key(INTEL)
     assert key_fields(INTEL)["affinity_size"] == 2
 
 
@@ -86,14 +89,19 @@ def test_host_record_finds_the_host_in_each_backends_metadata():
 def test_pin_cpu_threads_leaves_the_lowest_cpu_to_the_front_end():
     from dlfp.backends.vllm.runner import pin_cpu_threads
 
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"}
     env: dict = {}
-    assert pin_cpu_threads(env, [1, 0]) == {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
+    assert pin_cpu_threads(env, [1, 0]) == {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1", **passive}
+    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1", **passive}
     env = {}
-    assert pin_cpu_threads(env, [7, 0, 5, 2]) == {"VLLM_CPU_OMP_THREADS_BIND": "2,5,7", "OMP_NUM_THREADS": "3"}
+    assert pin_cpu_threads(env, [7, 0, 5, 2]) == {"VLLM_CPU_OMP_THREADS_BIND": "2,5,7", "OMP_NUM_THREADS": "3",
+                                                  **passive}
     env = {}
-    assert pin_cpu_threads(env, [3]) == {"VLLM_CPU_OMP_THREADS_BIND": "3", "OMP_NUM_THREADS": "1"}
-    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}  # the user's own binding is kept
-    assert pin_cpu_threads(env, [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}
+    assert pin_cpu_threads(env, [3]) == {"VLLM_CPU_OMP_THREADS_BIND": "3", "OMP_NUM_THREADS": "1", **passive}
+    # the user's own settings are kept
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert pin_cpu_threads(env, [0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4",
+                                            "OMP_WAIT_POLICY": "ACTIVE"}
 
 
 def test_machine_description_and_host_hardware_carry_the_same_identity():

@@ -32,7 +32,8 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_WAIT_P
 #: the identity fields that decide speed, hashed into ``host_key`` (torch's as ``torch.<field>``, the environment's
 #: as ``env.<name>``: the engine's OpenMP threads, which ``dlfp.backends.vllm.runner.pin_cpu_threads`` sets)
 KEY_FIELDS = ("cpu_model", "vector_flags", "logical_cpus", "affinity_size", "torch.cpu_capability",
-              "torch.num_threads", "torch.num_interop_threads", "env.OMP_NUM_THREADS", "env.VLLM_CPU_OMP_THREADS_BIND")
+              "torch.num_threads", "torch.num_interop_threads", "env.OMP_NUM_THREADS", "env.VLLM_CPU_OMP_THREADS_BIND",
+              "env.OMP_WAIT_POLICY")
 #: what an unknown host is called in messages
 UNKNOWN = "unknown host (recorded before host identities were kept)"
 
@@ -121,7 +122,7 @@ def key_fields(identity: Mapping[str, Any]) -> dict[str, Any]:
             "logical_cpus": identity.get("logical_cpus"), "affinity_size": len(aff) if aff is not None else None}
     vals.update({f"torch.{k}": torch.get(k) for k in ("cpu_capability", "num_threads", "num_interop_threads")})
     env = identity.get("env") or {}
-    vals.update({f"env.{k}": env.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")})
+    vals.update({f"env.{k}": env.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")})
     return {k: vals[k] for k in KEY_FIELDS}
 
 
