@@ -124,6 +124,36 @@ def test_pairs_must_share_a_workload(traces):
     assert msg.startswith(f"{cand} and {base}: different workloads") and "\n" not in msg
 
 
+def _identity(threads: int) -> dict:
+    from dlfp.hostinfo import host_key
+
+    ident = {"cpu_model": "Intel(R) Xeon(R) Processor", "vector_flags": "avx2 avx512f", "mhz": None, "mhz_max": None,
+             "logical_cpus": 2, "affinity": [0, 1], "env": {"OMP_NUM_THREADS": "1"},
+             "torch": {"num_threads": threads, "num_interop_threads": 2, "cpu_capability": "AVX512"}}
+    return {"cpu": ident["cpu_model"], "cpus": 2, "identity": ident, "host_key": host_key(ident)}
+
+
+def test_a_pair_recorded_on_two_hosts_is_refused_in_one_line_naming_both(traces):
+    cand = trial_dir(traces, "emu", EXP, "dlfp", 801)
+    base = trial_dir(traces, "emu", EXP, "baseline", 801)
+    _edit_metadata(cand, lambda md: md["hardware"].update(host=_identity(1)))
+    _edit_metadata(base, lambda md: md["hardware"].update(host=_identity(2)))
+    with pytest.raises(tables.PartialTraceSet) as e:
+        tables.load_traces(traces)
+    msg = str(e.value)
+    assert msg.startswith(f"{cand} and {base}: recorded on different hosts (Intel(R) Xeon(R) Processor x2, torch 1 "
+                          "threads") and "torch 2 threads" in msg and "\n" not in msg
+    assert f"`dlfp run {EXP} --backend emu --force`" in msg
+
+
+def test_a_pair_on_one_host_or_of_unknown_hosts_is_kept(traces):
+    # the committed trials predate host identities (one CPU model and count: not refused); one known host pairs too
+    assert len(tables.load_traces(traces).trials) == 6
+    for arm in ("baseline", "dlfp"):
+        _edit_metadata(trial_dir(traces, "emu", EXP, arm, 801), lambda md: md["hardware"].update(host=_identity(2)))
+    assert len(tables.load_traces(traces).trials) == 6
+
+
 def test_a_trial_of_other_settings_than_its_experiment_declares_is_refused(traces):
     import yaml
 

@@ -227,3 +227,54 @@ def test_reproduce_shows_the_audit_as_written():
     assert begin in text and end in text
     block = text.split(begin, 1)[1].split(end, 1)[0]
     assert block == (REPO_ROOT / "data" / "results" / "fidelity" / "fidelity.md").read_text()
+
+
+def _host(cpu: str, threads: int) -> dict:
+    from dlfp.hostinfo import host_key
+
+    ident = {"cpu_model": cpu, "vector_flags": "avx2", "mhz": None, "mhz_max": None, "logical_cpus": 2,
+             "affinity": [0, 1], "env": {"OMP_NUM_THREADS": "1"},
+             "torch": {"num_threads": threads, "num_interop_threads": 2, "cpu_capability": "AVX2"}}
+    return {"cpu": cpu, "cpus": 2, "identity": ident, "host_key": host_key(ident)}
+
+
+def test_real_trials_of_two_hosts_are_refused_in_one_line():
+    a, b = _trial("baseline", 801, 1.0, [0.1]), _trial("dlfp", 801, 1.0, [0.1])
+    a.metadata["hardware"], b.metadata["hardware"] = _host("CPU A", 2), _host("CPU A", 2)
+    assert vs.real_host("x", {("baseline", 801): a, ("dlfp", 801): b})["host_key"] == _host("CPU A", 2)["host_key"]
+    rep = _trial("dlfp", 801, 1.0, [0.1])
+    rep.metadata["hardware"] = _host("CPU A", 1)
+    with pytest.raises(vs.ValidationError) as e:
+        vs.real_host("x", {("baseline", 801): a, ("dlfp", 801): b}, {("dlfp", 801): rep})
+    msg = str(e.value)
+    assert msg.startswith("x: real-engine trials dlfp/seed-801 (replicate) and baseline/seed-801 were recorded on "
+                          "different hosts (CPU A x2, torch 1 threads") and "torch 2 threads" in msg
+    assert "`dlfp run x --backend vllm --force`" in msg and "\n" not in msg
+
+
+def test_a_profile_of_another_host_is_refused_and_an_unknown_host_is_noted():
+    from dlfp.devices import roofline as cm
+
+    if "cpu" not in cm.known_gpus():
+        pytest.skip("no calibrated CPU profile shipped")
+    machine = cm.load_gpu("cpu").machine or {}
+    if machine.get("host_key"):
+        pytest.skip("the shipped CPU profile carries a host identity; this case is about one that predates them")
+    model = machine["cpu_model"]
+    refusal, note = vs.profile_host_problem("cpu-tiny", "cpu", _host(model + " v2", 2))
+    assert note is None and refusal.startswith("cpu-tiny: the CPU profile 'cpu' was fitted on another host than the "
+                                               f"real-engine traces ({model} x{machine['cores']}, unknown host")
+    assert refusal.endswith(f"`{vs.SAME_HOST_COMMAND.format(exp='cpu-tiny')}`") and "\n" not in refusal
+    # the shipped profile and a trace that predates identities on the same CPU model and count: assumed, said so
+    refusal, note = vs.profile_host_problem("cpu-tiny", "cpu", {"cpu": model, "cpus": machine["cores"]})
+    assert refusal is None and note.endswith("one host is assumed, not checked") and note.count("unknown host") == 1
+    # a datasheet GPU: nothing was measured on a host
+    assert vs.profile_host_problem("cpu-tiny", "a100-sxm4-80gb", _host("CPU A", 2)) == (None, None)
+
+
+def test_the_audit_names_its_host_only_when_every_side_is_one_known_host():
+    one = {"label": "CPU A x2, host abc", "host_key": "k1", "identity": {}}
+    assert vs.host_line({"e": {"real": one, "profile": one}}) == \
+        "Real engine and CPU profile measured on one host: CPU A x2, host abc."
+    assert vs.host_line({"e": {"real": one, "profile": {**one, "host_key": None}}}) is None
+    assert vs.host_line({"e": {"real": one, "profile": {**one, "host_key": "k2"}}}) is None

@@ -266,7 +266,8 @@ def max_send_lag_s(wl, results: dict) -> float:
 
 def host_hardware() -> dict:
     """This machine: ``machine`` (architecture), ``cpus`` (count), ``cpu`` (model name, from ``/proc/cpuinfo``
-    when readable) and ``gpus`` (CUDA device names, when torch sees any)."""
+    when readable), ``gpus`` (CUDA device names, when torch sees any), and its host identity (``identity``,
+    ``host_key``: ``dlfp.hostinfo``; CPU, vector flags, frequency in MHz, affinity, torch's and OpenMP's threads)."""
     hw: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as f:
@@ -283,6 +284,9 @@ def host_hardware() -> dict:
             hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except Exception:
         pass
+    from dlfp.hostinfo import identity_record
+
+    hw.update(identity_record())
     return hw
 
 

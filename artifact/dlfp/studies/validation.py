@@ -21,6 +21,7 @@ The calibration grid (``dlfp calibrate``) and this workload are disjoint: the wo
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ import pandas as pd
 from dlfp.analysis.markdown import atomic_write
 from dlfp.analysis.metrics import itl_samples, summarize
 from dlfp.paths import REPO_ROOT as REPO
+from dlfp.studies.validation_hosts import SAME_HOST_COMMAND, audit_hosts, host_line, profile_host_problem, real_host
 from dlfp.studies.validation_runs import REPLICATES, RUN_RECORD, run_real
 from dlfp.traces.format import Trial
 
@@ -46,7 +48,8 @@ METRICS: dict[str, tuple[str, float]] = {
 
 
 class ValidationError(ValueError):
-    """Real and simulated trials that cannot be compared (different workload, missing trials); names the trial."""
+    """Real and simulated trials that cannot be compared (different workload, missing trials, different hosts);
+    names the trial."""
 
 
 def rel_error(real: float, sim: float) -> float:
@@ -364,6 +367,14 @@ def _real_and_simulated(a: argparse.Namespace, experiment: str) -> tuple[dict[tu
         raise ValidationError(f"no {a.backend} traces of {experiment!r} under {a.traces} "
                               f"(run `dlfp run {experiment} --backend vllm` or pass --run-real)")
     over = {"gpu": a.gpu} if a.gpu else None
+    host = real_host(experiment, real, {k: v for k, v in load_real(a.replicates, experiment, a.backend).items()
+                                        if k in real})
+    gpu_key = a.gpu or next(iter(real.values())).metadata.get("config", {}).get("gpu")
+    refusal, note = profile_host_problem(experiment, str(gpu_key), host) if gpu_key else (None, None)
+    if refusal is not None:
+        raise ValidationError(refusal)
+    if note is not None:
+        print(f"dlfp validate-sim: note: {note}", file=sys.stderr)
     return real, {k: simulate_like(t, over) for k, t in real.items()}
 
 
@@ -413,6 +424,11 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
         _write_csv(tw, out / "three_way.csv")
         md += "\n\nReal engine, emulator (vLLM's real loop over the fitted CPU device) and simulator:\n\n" + \
             va.three_way_markdown(tw)
+    hosts = audit_hosts(results)
+    atomic_write(out / "hosts.json", json.dumps(hosts, indent=1, sort_keys=True) + "\n")
+    line = host_line(hosts)
+    if line:
+        md = f"{line}\n\n{md}"
     atomic_write(out / "fidelity.md", md + "\n")
     first = next(iter(results))
     real, sim = results[first]["real"], results[first]["sim"]
@@ -447,7 +463,9 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
             real, sim = _real_and_simulated(a, exp)
             rep = {k: v for k, v in load_real(a.replicates, exp, a.backend).items() if k in real}
             emu = {k: v for k, v in load_real(a.traces, exp, "emu").items() if k in real}
-            results[exp] = {"real": real, "sim": sim, "replicates": rep, "emu": emu}
+            gpu_key = a.gpu or next(iter(real.values())).metadata.get("config", {}).get("gpu")
+            results[exp] = {"real": real, "sim": sim, "replicates": rep, "emu": emu,
+                            "host": real_host(exp, real, rep), "gpu": gpu_key}
     except (ValidationError, ConfigError, MachineBusy) as e:
         print(f"dlfp validate-sim: {e}", file=sys.stderr)
         return 2
@@ -465,8 +483,8 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
 
 __all__ = ["METRICS", "ValidationError", "attribution", "cap_trajectories", "cap_trajectory_overlay_figure",
            "decode_step_fit", "dlfp_effect", "error_table", "itl_cdf_overlay_figure",
-           "load_real", "main_validate", "rel_error", "simulate_like", "step_parts", "summaries", "REPLICATES",
-           "VALIDATION_EXPERIMENTS"]
+           "audit_hosts", "host_line", "load_real", "main_validate", "profile_host_problem", "real_host", "rel_error",
+           "simulate_like", "step_parts", "summaries", "REPLICATES", "SAME_HOST_COMMAND", "VALIDATION_EXPERIMENTS"]
 
 if __name__ == "__main__":
     raise SystemExit(main_validate())

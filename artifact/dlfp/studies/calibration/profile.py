@@ -17,14 +17,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from dlfp.hostinfo import VECTOR_FLAG_PREFIXES, identity_record
 from dlfp.paths import HARDWARE_DIR
 from dlfp.studies.calibration.features import DEVICE_TERMS, CalibrationError, predict_execute
 from dlfp.studies.calibration.fit import FitResult, fit_device, fit_device_parts, fit_host, residual_stats
 
 DEFAULT_PROFILE = HARDWARE_DIR / "cpu-calibrated.yaml"
 DEFAULT_KEY = "cpu"
-#: vector instruction-set flags recorded in the machine description (prefixes of /proc/cpuinfo flags)
-VECTOR_FLAG_PREFIXES = ("avx512", "avx2", "amx")
 
 
 def _cpuinfo_value(field_name: str) -> str | None:
@@ -40,7 +39,9 @@ def _cpuinfo_value(field_name: str) -> str | None:
 
 
 def machine_description() -> dict[str, Any]:
-    """This machine: CPU model name and cores (``/proc/cpuinfo``, ``os.cpu_count``), OS, Python, date, versions."""
+    """This machine: CPU model name and cores (``/proc/cpuinfo``, ``os.cpu_count``), OS, Python, date, versions,
+    and its host identity (``identity``, ``host_key``: ``dlfp.hostinfo``, the same fields a real-engine trial
+    records)."""
     from dlfp.traces.format import package_versions
 
     model_name = _cpuinfo_value("model name")
@@ -54,7 +55,7 @@ def machine_description() -> dict[str, Any]:
     return {"cpu_model": cpu, "cores": os.cpu_count(), "machine": platform.machine(), "vector_flags": flags,
             "os": platform.platform(), "python": platform.python_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "versions": package_versions(), "loadavg_at_end": load}
+            "versions": package_versions(), "loadavg_at_end": load, **identity_record()}
 
 
 def make_profile(device: FitResult, host: dict[str, float], *, model: str, machine: dict, name: str | None = None,
