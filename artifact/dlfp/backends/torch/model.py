@@ -154,6 +154,15 @@ class KVPool:
 ATTENTION_MODES = ((True, "padded"), (False, "padded"), (True, "per_request"), (False, "per_request"))
 
 
+def mode_name(gqa: bool, decode_mode: str) -> str:
+    """The name of an attention mode in options, traces and tables, e.g. ``gqa-padded``, ``repeat-per_request``."""
+    return f"{'gqa' if gqa else 'repeat'}-{decode_mode}"
+
+
+#: The names of ``ATTENTION_MODES``, in the same order.
+ATTENTION_NAMES = tuple(mode_name(*m) for m in ATTENTION_MODES)
+
+
 class Qwen3:
     """Random-weight Qwen3 on one device (see module docstring).
 
@@ -202,6 +211,20 @@ class Qwen3:
         # first, and the decodes padded into one call or one call each; ``choose_attention`` measures which is fastest
         self.gqa = self._gqa_usable()
         self.decode_mode = "padded"
+        self.kv: torch.Tensor | None = None  # the KV pool (``reserve``)
+
+    def set_attention(self, name: str) -> None:
+        """Run attention in the mode ``name`` (one of ``ATTENTION_NAMES``).
+
+        Raises:
+            ValueError: an unknown name, or a GQA mode where SDPA refuses ``enable_gqa``.
+        """
+        if name not in ATTENTION_NAMES:
+            raise ValueError(f"attention mode {name!r}; expected one of {', '.join(ATTENTION_NAMES)}")
+        gqa, decode_mode = ATTENTION_MODES[ATTENTION_NAMES.index(name)]
+        if gqa and not self._gqa_usable():
+            raise ValueError(f"attention mode {name} needs enable_gqa, which SDPA refuses here")
+        self.gqa, self.decode_mode = gqa, decode_mode
 
     def _gqa_usable(self) -> bool:
         """Whether SDPA takes ``enable_gqa`` with a lower-right causal mask here; otherwise K/V heads are repeated."""
@@ -228,7 +251,7 @@ class Qwen3:
     def reserve(self, tokens: int) -> None:
         """Allocate the KV pool: ``[layers, 2, tokens, kv_heads, head_dim]`` (kept while its size is unchanged)."""
         s = self.shape
-        if getattr(self, "kv", None) is None or self.kv.shape[2] != tokens:
+        if self.kv is None or self.kv.shape[2] != tokens:
             self.kv = None
             self.kv = torch.empty(s.layers, 2, tokens, s.kv_heads, s.head_dim, device=self.device, dtype=self.dtype)
 
@@ -275,7 +298,7 @@ class Qwen3:
         """
         if not entries:
             raise ValueError("forward: empty batch")
-        if getattr(self, "kv", None) is None:
+        if self.kv is None:
             raise ValueError("forward: no KV pool; call reserve(tokens) first")
         from torch.nn.attention.bias import causal_lower_right
 
@@ -392,7 +415,7 @@ def choose_attention(model: Qwen3, chunk: int = 2048, prior: int = 8192, decodes
 
     can_gqa = model.gqa
     out: dict = {}
-    for gqa, mode in ATTENTION_MODES:
+    for (gqa, mode), name in zip(ATTENTION_MODES, ATTENTION_NAMES):
         if gqa and not can_gqa:
             continue
         model.gqa, model.decode_mode = gqa, mode
@@ -400,9 +423,9 @@ def choose_attention(model: Qwen3, chunk: int = 2048, prior: int = 8192, decodes
         for batch in (mixed, decs):
             timed(batch)
             ms += sorted(timed(batch) for _ in range(reps))[reps // 2]
-        out[f"{'gqa' if gqa else 'repeat'}-{mode}"] = round(ms, 3)
-    best = min(out, key=out.get) if out else "repeat-padded"
-    model.gqa, model.decode_mode = best.startswith("gqa"), best.split("-", 1)[1]
+        out[name] = round(ms, 3)
+    best = min(out, key=out.get)
+    model.set_attention(best)
     out["chosen"] = best
     return out
 
@@ -427,5 +450,5 @@ def check_fits(shape: Shape, dtype: torch.dtype, free_bytes: int, min_kv_tokens:
                             f"{need_kv / gib:.1f} GiB exceed the device's free memory {free_bytes / gib:.1f} GiB")
 
 
-__all__ = ["ATTENTION_MODES", "Entry", "HF_DIR", "KVPool", "ModelTooLarge", "Qwen3", "Shape", "check_fits",
-           "choose_attention", "dtype_for", "load_hf_config"]
+__all__ = ["ATTENTION_MODES", "ATTENTION_NAMES", "Entry", "HF_DIR", "KVPool", "ModelTooLarge", "Qwen3", "Shape",
+           "check_fits", "choose_attention", "dtype_for", "load_hf_config", "mode_name"]

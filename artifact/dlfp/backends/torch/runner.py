@@ -36,7 +36,6 @@ from dlfp.traces.format import FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, T
     package_versions
 
 _OPTION_KEYS = {"kv_cache_fraction", "kv_cache_gib", "weight_seed", "max_seconds", "attention"}
-_ATTENTION = ("auto", "gqa-padded", "repeat-padded", "gqa-per_request", "repeat-per_request")
 #: Tokens of the warm-up batch run once per model before the first trial (kernel selection, allocator, cuBLAS).
 WARMUP_PROMPT_TOKENS = 256
 
@@ -61,9 +60,11 @@ def options(cfg: ExperimentConfig) -> dict:
         raise ConfigError(f"field backend_options.torch.{bad[0]}: unknown; known: {', '.join(sorted(_OPTION_KEYS))}")
     out = {"kv_cache_fraction": 0.8, "kv_cache_gib": 2.0, "weight_seed": 0, "max_seconds": 900.0, "attention": "auto",
            **opts}
-    if out["attention"] not in _ATTENTION:
+    from dlfp.backends.torch.model import ATTENTION_NAMES
+
+    if out["attention"] not in ("auto", *ATTENTION_NAMES):
         raise ConfigError(f"field backend_options.torch.attention: {out['attention']!r}; expected one of "
-                          f"{', '.join(_ATTENTION)}")
+                          f"{', '.join(('auto', *ATTENTION_NAMES))}")
     return out
 
 
@@ -134,7 +135,7 @@ def get_model(cfg: ExperimentConfig, device: str, opts: dict):
     """The ``Qwen3`` of ``cfg.model`` on ``device`` with its KV pool (``_pool_tokens``), built once per process and
     warmed up (a prefill, a decode and a mixed batch through every kernel path) before its first trial; only one
     model is kept."""
-    from dlfp.backends.torch.model import Entry, Qwen3, choose_attention, dtype_for, load_hf_config
+    from dlfp.backends.torch.model import Entry, Qwen3, choose_attention, dtype_for, load_hf_config, mode_name
 
     torch = _torch()
     seed = int(opts["weight_seed"])
@@ -159,11 +160,11 @@ def get_model(cfg: ExperimentConfig, device: str, opts: dict):
             m.attention = choose_attention(m)
         else:
             if mode == "auto":
-                mode = "gqa-padded" if m.gqa else "repeat-padded"
-            if mode.startswith("gqa") and not m.gqa:
-                raise ConfigError(f"field backend_options.torch.attention: {mode} needs enable_gqa, which SDPA "
-                                  "refuses here")
-            m.gqa, m.decode_mode = mode.startswith("gqa"), mode.split("-", 1)[1]
+                mode = mode_name(m.gqa, "padded")
+            try:
+                m.set_attention(mode)
+            except ValueError as e:
+                raise ConfigError(f"field backend_options.torch.attention: {e}") from None
             m.attention = {"chosen": mode}
         if device == "cuda":
             torch.cuda.synchronize()
