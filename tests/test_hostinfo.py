@@ -5,8 +5,8 @@ import hashlib
 import json
 import os
 
-from dlfp.hostinfo import host_identity, host_key, host_label, host_record, key_fields, same_host_problem, \
-    thread_env, unknown_host, vector_flags
+from dlfp.hostinfo import cpu_list_size, engine_threads, host_identity, host_key, host_label, host_record, key_fields, \
+    record_key, same_host_problem, thread_env, unknown_host, vector_flags
 
 #: an identity written out by hand (the fields of ``host_identity``)
 INTEL = {"cpu_model": "Intel(R) Xeon(R) Processor", "vector_flags": "amx_bf16 avx2 avx512f", "mhz": 2600.0,
@@ -27,19 +27,36 @@ def test_vector_flags_keeps_the_vector_isa_flags_sorted():
 
 
 def test_host_key_is_the_sha256_of_the_speed_fields_written_out_by_hand():
-    text = json.dumps({"affinity_size": 2, "cpu_model": "Intel(R) Xeon(R) Processor",
-                       "env.OMP_NUM_THREADS": "1", "env.OMP_WAIT_POLICY": "PASSIVE",
-                       "env.VLLM_CPU_OMP_THREADS_BIND": "1", "logical_cpus": 2, "torch.cpu_capability": "AVX512",
-                       "torch.num_interop_threads": 2, "torch.num_threads": 2,
-                       "vector_flags": "amx_bf16 avx2 avx512f"}, sort_keys=True)
+    text = json.dumps({"affinity_size": 2, "cpu_model": "Intel(R) Xeon(R) Processor", "engine_threads": 1,
+                       "env.OMP_WAIT_POLICY": "PASSIVE", "env.VLLM_CPU_OMP_THREADS_BIND": "1", "logical_cpus": 2,
+                       "torch.cpu_capability": "AVX512", "vector_flags": "amx_bf16 avx2 avx512f"}, sort_keys=True)
     assert host_key(INTEL) == hashlib.sha256(text.encode()).hexdigest()
     # frequency, the torch version and the other variables do not enter the key; threads and CPUs do
     assert host_key({**INTEL, "mhz": 1200.0, "torch": {**INTEL["torch"], "version": "9"}}) == host_key(INTEL)
     assert host_key({**INTEL, "affinity": [1]}) != host_key(INTEL)
-    assert host_key({**INTEL, "torch": {**INTEL["torch"], "num_threads": 1}}) != host_key(INTEL)
-    assert host_key({**INTEL, "env": {**INTEL["env"], "OMP_NUM_THREADS": "2"}}) != host_key(INTEL)
+    assert host_key({**INTEL, "env": {**INTEL["env"], "VLLM_CPU_OMP_THREADS_BIND": "0-1"}}) != host_key(INTEL)
     assert host_key({**INTEL, "env": {**INTEL["env"], "OMP_WAIT_POLICY": None}}) != host_key(INTEL)
     assert key_fields(INTEL)["affinity_size"] == 2
+    # the harness process's own threads do not decide the engine's (vLLM rewrites OMP_NUM_THREADS from them;
+    # the engine core binds the CPUs VLLM_CPU_OMP_THREADS_BIND lists)
+    assert host_key({**INTEL, "torch": {**INTEL["torch"], "num_threads": 1}}) == host_key(INTEL)
+    assert host_key({**INTEL, "env": {**INTEL["env"], "OMP_NUM_THREADS": "2"}}) == host_key(INTEL)
+
+
+def test_engine_threads_come_from_the_bound_cpus_then_omp_then_torch():
+    assert cpu_list_size("1") == 1 and cpu_list_size("0-3,6") == 5 and cpu_list_size("0-1|4-5") == 4
+    assert cpu_list_size("auto") is None and cpu_list_size("nobind") is None and cpu_list_size("x") is None
+    assert engine_threads(INTEL) == 1
+    no_bind = {**INTEL, "env": {"OMP_NUM_THREADS": "3"}}
+    assert engine_threads(no_bind) == 3
+    assert engine_threads({**INTEL, "env": {}}) == 2  # torch's own count
+
+
+def test_a_record_key_is_recomputed_from_its_identity():
+    """A record written under an older key definition compares by its identity under the current one."""
+    old = {"identity": INTEL, "host_key": "0" * 64}
+    assert record_key(old) == host_key(INTEL) and same_host_problem(old, record(INTEL)) is None
+    assert record_key({"host_key": "abc"}) == "abc" and record_key({}) is None
 
 
 def test_this_hosts_identity_has_every_field():
@@ -60,11 +77,11 @@ def test_thread_env_reports_unset_as_none_and_every_kmp_variable():
 
 def test_same_host_problem_names_both_hosts():
     one = record(INTEL)
-    fewer_threads = record({**INTEL, "torch": {**INTEL["torch"], "num_threads": 1}})
+    fewer_threads = record({**INTEL, "env": {**INTEL["env"], "VLLM_CPU_OMP_THREADS_BIND": "0-1"}})
     assert same_host_problem(one, record(dict(INTEL))) is None
     msg = same_host_problem(one, fewer_threads)
     assert msg is not None and msg.count("Intel(R) Xeon(R) Processor x2") == 2
-    assert "torch 2 threads" in msg and "torch 1 threads" in msg and "\n" not in msg
+    assert "1 engine threads" in msg and "2 engine threads" in msg and "\n" not in msg
 
 
 def test_records_that_predate_identities_are_unknown_and_told_apart_by_cpu_model_and_count():

@@ -233,8 +233,9 @@ def _host(cpu: str, threads: int) -> dict:
     from dlfp.hostinfo import host_key
 
     ident = {"cpu_model": cpu, "vector_flags": "avx2", "mhz": None, "mhz_max": None, "logical_cpus": 2,
-             "affinity": [0, 1], "env": {"OMP_NUM_THREADS": "1"},
-             "torch": {"num_threads": threads, "num_interop_threads": 2, "cpu_capability": "AVX2"}}
+             "affinity": [0, 1], "env": {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "1" if threads == 1
+                                         else f"0-{threads - 1}"},
+             "torch": {"num_threads": 2, "num_interop_threads": 2, "cpu_capability": "AVX2"}}
     return {"cpu": cpu, "cpus": 2, "identity": ident, "host_key": host_key(ident)}
 
 
@@ -248,8 +249,33 @@ def test_real_trials_of_two_hosts_are_refused_in_one_line():
         vs.real_host("x", {("baseline", 801): a, ("dlfp", 801): b}, {("dlfp", 801): rep})
     msg = str(e.value)
     assert msg.startswith("x: real-engine trials dlfp/seed-801 (replicate) and baseline/seed-801 were recorded on "
-                          "different hosts (CPU A x2, torch 1 threads") and "torch 2 threads" in msg
+                          "different hosts (CPU A x2, 1 engine threads") and "2 engine threads" in msg
     assert "`dlfp run x --backend vllm --force`" in msg and "\n" not in msg
+
+
+def test_replicate_runs_of_another_host_are_refused_naming_the_run():
+    a = _trial("baseline", 801, 1.0, [0.1])
+    a.metadata["hardware"] = _host("CPU A", 1)
+    r1, r2 = _trial("baseline", 801, 1.0, [0.1]), _trial("baseline", 801, 1.0, [0.1])
+    r1.metadata["hardware"], r2.metadata["hardware"] = _host("CPU A", 1), _host("CPU B", 1)
+    assert vs.real_host("x", {("baseline", 801): a}, [{("baseline", 801): r1}])["host_key"] == _host("CPU A", 1)[
+        "host_key"]
+    with pytest.raises(vs.ValidationError, match=r"baseline/seed-801 \(replicate 2\)"):
+        vs.real_host("x", {("baseline", 801): a}, [{("baseline", 801): r1}, {("baseline", 801): r2}])
+
+
+def test_noise_is_the_largest_change_over_every_replicate_run():
+    """Original TTFT 1.0 s, replicate runs 1.05 s and 0.90 s: the noise is 10 %; the second run's baseline and dlfp
+    both move, so the TTFT effect changes from +100 % to 2.2 / 0.9 - 1 = +144.4 %."""
+    from dlfp.studies import validation_audit as va
+
+    real = {("baseline", 1): _trial("baseline", 1, 1.0, [0.01] * 10), ("dlfp", 1): _trial("dlfp", 1, 2.0, [0.01] * 10)}
+    runs = [{("baseline", 1): _trial("baseline", 1, 1.05, [0.01] * 10)},
+            {("baseline", 1): _trial("baseline", 1, 0.90, [0.01] * 10),
+             ("dlfp", 1): _trial("dlfp", 1, 2.2, [0.01] * 10)}]
+    assert va.metric_noise(real, runs)["ttft_p50"] == pytest.approx(0.10)
+    assert va.metric_noise(real, runs[0])["ttft_p50"] == pytest.approx(0.05)  # a single map is one run
+    assert va.effect_noise(real, runs)["ttft_p99"] == pytest.approx(100 * (2.2 / 0.9 - 2.0))
 
 
 def test_a_profile_of_another_host_is_refused_and_an_unknown_host_is_noted():

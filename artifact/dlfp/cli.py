@@ -11,6 +11,7 @@ Usage::
     dlfp map [MAP ...] [--executor local|dask://HOST:PORT] [--render-only] ...   (`dlfp map -h`)
     dlfp calibrate ...      (dlfp.studies.calibration.main_calibrate; `dlfp calibrate -h`)
     dlfp validate-sim ...   (dlfp.studies.validation.main_validate; `dlfp validate-sim -h`)
+    dlfp audit ...          (dlfp.studies.audit.main_audit; `dlfp audit -h`)
     dlfp sensitivity [--experiments E ...] [--out DIR] [--seeds S ...] [--arms A ...] [--host-scales K ...]
                      [--no-measured] [--jobs N] [--set KEY=VALUE ...]
 
@@ -311,6 +312,8 @@ _delegate("calibrate", "fit the CPU hardware profile from a profiling run of the
           "studies.calibration", "main_calibrate")
 _delegate("validate-sim", "compare the simulator with real-engine traces and report its error",
           "studies.validation", "main_validate")
+_delegate("audit", "the simulator against the real engine, all measured on this host: calibrate, run the real "
+          "trials and replicates that this host lacks, audit (about 1 h on 2 cores)", "studies.audit", "main_audit")
 _delegate("map", "sweep prompt scale x rate x token budget x prompt source per paper configuration on the simulator "
           "and render where each claim holds", "studies.map.cli", "main_map")
 _delegate("dlfpg-dev", "rerun DLFP-G's development set (seeds 901-903, where its constants were chosen) on the "

@@ -30,10 +30,12 @@ VECTOR_FLAG_PREFIXES = ("avx512", "avx2", "amx")
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
               "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 #: the identity fields that decide speed, hashed into ``host_key`` (torch's as ``torch.<field>``, the environment's
-#: as ``env.<name>``: the engine's OpenMP threads, which ``dlfp.backends.vllm.runner.pin_cpu_threads`` sets)
-KEY_FIELDS = ("cpu_model", "vector_flags", "logical_cpus", "affinity_size", "torch.cpu_capability",
-              "torch.num_threads", "torch.num_interop_threads", "env.OMP_NUM_THREADS", "env.VLLM_CPU_OMP_THREADS_BIND",
-              "env.OMP_WAIT_POLICY")
+#: as ``env.<name>``; ``engine_threads``: the real engine's OpenMP threads, ``engine_threads``). The harness
+#: process's own torch thread counts and ``OMP_NUM_THREADS`` are recorded, not keyed: vLLM's CPU platform rewrites
+#: ``OMP_NUM_THREADS`` from whatever torch the harness imported first, while the engine core binds the threads that
+#: ``VLLM_CPU_OMP_THREADS_BIND`` lists (``dlfp.backends.vllm.runner.pin_cpu_threads``)
+KEY_FIELDS = ("cpu_model", "vector_flags", "logical_cpus", "affinity_size", "torch.cpu_capability", "engine_threads",
+              "env.VLLM_CPU_OMP_THREADS_BIND", "env.OMP_WAIT_POLICY")
 #: what an unknown host is called in messages
 UNKNOWN = "unknown host (recorded before host identities were kept)"
 
@@ -114,15 +116,44 @@ def host_identity() -> dict[str, Any]:
             "torch": _torch_settings(), "env": thread_env()}
 
 
+def cpu_list_size(text: str | None) -> int | None:
+    """The number of CPUs in a list such as ``"1"``, ``"0-3,6"`` (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``); None for an
+    unset, ``auto``, ``nobind`` or unparsable value."""
+    if not text or text.strip() in ("auto", "nobind"):
+        return None
+    n = 0
+    try:
+        for part in text.replace("|", ",").split(","):
+            lo, _, hi = part.strip().partition("-")
+            first = int(lo)  # a non-number raises ValueError
+            n += int(hi) - first + 1 if hi else 1
+    except ValueError:
+        return None
+    return n
+
+
+def engine_threads(identity: Mapping[str, Any]) -> int | None:
+    """The real engine's OpenMP threads: the CPUs ``VLLM_CPU_OMP_THREADS_BIND`` binds when it lists them, else
+    ``OMP_NUM_THREADS``, else torch's thread count (None when none is known)."""
+    env = identity.get("env") or {}
+    n = cpu_list_size(env.get("VLLM_CPU_OMP_THREADS_BIND"))
+    if n is not None:
+        return n
+    try:
+        return int(env["OMP_NUM_THREADS"])
+    except (KeyError, TypeError, ValueError):
+        return (identity.get("torch") or {}).get("num_threads")
+
+
 def key_fields(identity: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of ``KEY_FIELDS`` of an identity (``affinity_size``: the number of CPUs in ``affinity``)."""
     torch = identity.get("torch") or {}
     aff = identity.get("affinity")
     vals = {"cpu_model": identity.get("cpu_model"), "vector_flags": identity.get("vector_flags"),
-            "logical_cpus": identity.get("logical_cpus"), "affinity_size": len(aff) if aff is not None else None}
-    vals.update({f"torch.{k}": torch.get(k) for k in ("cpu_capability", "num_threads", "num_interop_threads")})
+            "logical_cpus": identity.get("logical_cpus"), "affinity_size": len(aff) if aff is not None else None,
+            "torch.cpu_capability": torch.get("cpu_capability"), "engine_threads": engine_threads(identity)}
     env = identity.get("env") or {}
-    vals.update({f"env.{k}": env.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")})
+    vals.update({f"env.{k}": env.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_WAIT_POLICY")})
     return {k: vals[k] for k in KEY_FIELDS}
 
 
@@ -166,21 +197,31 @@ def host_label(rec: Mapping[str, Any] | None) -> str:
         model, cpus = _legacy(rec)
         return f"{model or 'CPU ?'} x{cpus if cpus is not None else '?'}, {UNKNOWN}"
     torch = ident.get("torch") or {}
-    key = rec.get("host_key") or host_key(ident)
-    omp = (ident.get("env") or {}).get("OMP_NUM_THREADS")
-    return (f"{ident.get('cpu_model') or 'CPU ?'} x{ident.get('logical_cpus')}, torch {torch.get('num_threads', '?')} "
-            f"threads ({torch.get('cpu_capability') or '?'}, OMP_NUM_THREADS={omp or 'unset'}), host {key[:12]}")
+    key = record_key(rec) or host_key(ident)
+    threads = engine_threads(ident)
+    return (f"{ident.get('cpu_model') or 'CPU ?'} x{ident.get('logical_cpus')}, {threads if threads else '?'} engine "
+            f"threads ({torch.get('cpu_capability') or '?'}), host {key[:12]}")
+
+
+def record_key(rec: Mapping[str, Any] | None) -> str | None:
+    """The host key of a host record: recomputed from its identity (so that records written under an older key
+    definition compare under the current one), else its stored ``host_key``; None for a record without either."""
+    rec = rec or {}
+    ident = rec.get("identity")
+    if isinstance(ident, Mapping):
+        return host_key(ident)
+    return rec.get("host_key")
 
 
 def same_host_problem(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str | None:
     """Why two host records (``host_record`` of each) are not one host, as a phrase naming both; else None.
 
-    Both with an identity: their ``host_key`` differ. Otherwise (a record that predates identities): their CPU
+    Both with an identity: their keys (``record_key``) differ. Otherwise (a record that predates identities): their CPU
     model or logical CPU count differ where both are known; records that agree on those are not refused (the
     caller says the host is unknown where that matters: ``unknown_host``).
     """
     a, b = a or {}, b or {}
-    ka, kb = a.get("host_key"), b.get("host_key")
+    ka, kb = record_key(a), record_key(b)
     if ka and kb:
         return None if ka == kb else f"{host_label(a)} vs {host_label(b)}"
     (ma, ca), (mb, cb) = _legacy_or_identity(a), _legacy_or_identity(b)
@@ -202,6 +243,6 @@ def unknown_host(rec: Mapping[str, Any] | None) -> bool:
     return not (rec or {}).get("host_key")
 
 
-__all__ = ["KEY_FIELDS", "THREAD_ENV", "UNKNOWN", "VECTOR_FLAG_PREFIXES", "host_identity", "host_key", "host_label",
-           "host_record", "identity_record", "key_fields", "same_host_problem", "thread_env", "unknown_host",
-           "vector_flags"]
+__all__ = ["KEY_FIELDS", "THREAD_ENV", "UNKNOWN", "VECTOR_FLAG_PREFIXES", "cpu_list_size", "engine_threads",
+           "host_identity", "host_key", "host_label", "host_record", "identity_record", "key_fields", "record_key",
+           "same_host_problem", "thread_env", "unknown_host", "vector_flags"]

@@ -33,8 +33,9 @@ import pandas as pd
 from dlfp.analysis.markdown import atomic_write
 from dlfp.analysis.metrics import itl_samples, summarize
 from dlfp.paths import REPO_ROOT as REPO
-from dlfp.studies.validation_hosts import SAME_HOST_COMMAND, audit_hosts, host_line, profile_host_problem, real_host
-from dlfp.studies.validation_runs import REPLICATES, RUN_RECORD, run_real
+from dlfp.studies.validation_hosts import (SAME_HOST_COMMAND, audit_hosts, emu_over_profile, host_line,
+                                          profile_host_problem, real_host)
+from dlfp.studies.validation_runs import REPLICATE_RUNS, REPLICATES, RUN_RECORD, load_replicates, run_real
 from dlfp.traces.format import Trial
 
 #: metric name -> (summarize key, |relative error| target)
@@ -339,7 +340,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", default="vllm", type=_backend_arg, help="backend of the real traces (default vllm)")
     ap.add_argument("--out", default=str(FIDELITY_DIR), help="output directory")
     ap.add_argument("--replicates", default=str(FIDELITY_DIR / REPLICATE_DIR),
-                    help="trace root of the replicate real-engine trials (the run-to-run noise)")
+                    help="folder of the replicate real-engine runs, one numbered trace root per run (the run-to-run "
+                         "noise)")
     ap.add_argument("--run-real", action="store_true",
                     help="run missing real trials (and the replicates) on the vLLM engine first (needs vllm 0.17.1), "
                          "each on a quiet machine")
@@ -367,8 +369,7 @@ def _real_and_simulated(a: argparse.Namespace, experiment: str) -> tuple[dict[tu
         raise ValidationError(f"no {a.backend} traces of {experiment!r} under {a.traces} "
                               f"(run `dlfp run {experiment} --backend vllm` or pass --run-real)")
     over = {"gpu": a.gpu} if a.gpu else None
-    host = real_host(experiment, real, {k: v for k, v in load_real(a.replicates, experiment, a.backend).items()
-                                        if k in real})
+    host = real_host(experiment, real, load_replicates(a.replicates, experiment, a.backend, real))
     gpu_key = a.gpu or next(iter(real.values())).metadata.get("config", {}).get("gpu")
     refusal, note = profile_host_problem(experiment, str(gpu_key), host) if gpu_key else (None, None)
     if refusal is not None:
@@ -399,7 +400,7 @@ def _write_outputs(results: dict[str, dict], out: Path) -> tuple[pd.DataFrame, p
         e = error_table(real, sim)
         errs.append(e.assign(experiment=exp)[["experiment", *e.columns]])
         mn, en = va.metric_noise(real, rep), va.effect_noise(real, rep)
-        noises.append({"experiment": exp, "replicates": len([k for k in rep if k in real]),
+        noises.append({"experiment": exp, "replicates": sum(len([k for k in run if k in real]) for run in rep),
                        **{f"{m}_noise": v for m, v in mn.items()},
                        **{f"{m}_effect_noise_pp": v for m, v in en.items()}})
         audits.append(va.audit_errors(exp, real, sim, mn, errors=e))
@@ -458,12 +459,16 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
             load_experiment(exp)  # an unknown experiment is named (with the known ones) before anything runs
         for exp in experiments:
             if a.run_real:
-                run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root=a.replicates,
+                run_real(exp, a.traces, a.seeds, record=out / RUN_RECORD, replicate_root_dir=a.replicates,
                           allow_loaded=a.allow_loaded)
             real, sim = _real_and_simulated(a, exp)
-            rep = {k: v for k, v in load_real(a.replicates, exp, a.backend).items() if k in real}
-            emu = {k: v for k, v in load_real(a.traces, exp, "emu").items() if k in real}
+            rep = load_replicates(a.replicates, exp, a.backend, real)
             gpu_key = a.gpu or next(iter(real.values())).metadata.get("config", {}).get("gpu")
+            emu, stale = emu_over_profile({k: v for k, v in load_real(a.traces, exp, "emu").items() if k in real},
+                                          str(gpu_key))
+            if stale:
+                print(f"dlfp validate-sim: note: {exp}: {stale} emulator trials ran over another CPU profile and are "
+                      f"left out (`dlfp run {exp} --backend emu --force` reruns them)", file=sys.stderr)
             results[exp] = {"real": real, "sim": sim, "replicates": rep, "emu": emu,
                             "host": real_host(exp, real, rep), "gpu": gpu_key}
     except (ValidationError, ConfigError, MachineBusy) as e:
@@ -482,9 +487,10 @@ def main_validate(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["METRICS", "ValidationError", "attribution", "cap_trajectories", "cap_trajectory_overlay_figure",
-           "decode_step_fit", "dlfp_effect", "error_table", "itl_cdf_overlay_figure",
-           "audit_hosts", "host_line", "load_real", "main_validate", "profile_host_problem", "real_host", "rel_error",
-           "simulate_like", "step_parts", "summaries", "REPLICATES", "SAME_HOST_COMMAND", "VALIDATION_EXPERIMENTS"]
+           "decode_step_fit", "dlfp_effect", "error_table", "itl_cdf_overlay_figure", "audit_hosts", "host_line",
+           "load_real", "load_replicates", "main_validate", "profile_host_problem", "real_host", "rel_error",
+           "simulate_like", "step_parts", "summaries", "REPLICATE_RUNS", "REPLICATES", "SAME_HOST_COMMAND",
+           "VALIDATION_EXPERIMENTS"]
 
 if __name__ == "__main__":
     raise SystemExit(main_validate())

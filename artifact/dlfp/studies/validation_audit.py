@@ -8,11 +8,11 @@ Per validation workload (an experiment with real-engine traces), per arm:
   per seed, on P99 ITL and P99 TTFT, real against simulated; target: within ``EFFECT_TARGET_PP`` (10)
   percentage points.
 
-The run-to-run noise comes from replicate trials: the same (experiment, arm, seed) run a second time on the
-real engine (``dlfp.studies.validation.REPLICATES``). The noise of a metric is the largest
-``|replicate / original - 1|`` over the replicated arms of that workload; the noise of an effect is the larger
-of the change of the effect when both arms are replaced by their replicates and the metric's own noise (in
-points; see ``effect_noise``). A target is MISSED when the error
+The run-to-run noise comes from replicate trials: the same (experiment, arm, seed) run again on the real engine
+(``dlfp.studies.validation_runs.REPLICATES``, ``REPLICATE_RUNS`` more times each). The noise of a metric is the
+largest ``|replicate / original - 1|`` over every replicate run of the replicated arms of that workload; the
+noise of an effect is the larger of the change of the effect when both arms are replaced by the replicates of
+one run and the metric's own noise (in points; see ``effect_noise``). A target is MISSED when the error
 exceeds it; it is missed BEYOND NOISE when the error exceeds target + noise. ``dlfp validate-sim`` exits 1
 when any target is missed beyond noise.
 
@@ -21,7 +21,7 @@ Inputs are ``{(arm, seed): Trial}`` maps; outputs are DataFrames (fractions, sec
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,50 +35,58 @@ EFFECT_TARGET_PP = 10.0
 EFFECT_METRICS = {"itl_p99": "itl_p99_s", "ttft_p99": "ttft_p99_s"}
 
 TrialMap = Mapping[tuple[str, int], Trial]
+#: replicate trials: one map per replicate run, or a single map (one run)
+Replicates = TrialMap | Sequence[TrialMap]
+
+
+def replicate_runs(replicates: Replicates) -> list[TrialMap]:
+    """The replicate runs as a list of ``{(arm, seed): Trial}`` maps (a single map is one run)."""
+    return [replicates] if isinstance(replicates, Mapping) else list(replicates)
 
 
 def _summ(trials: TrialMap) -> dict[tuple[str, int], dict]:
     return {k: summarize(t) for k, t in trials.items()}
 
 
-def metric_noise(real: TrialMap, replicates: TrialMap) -> dict[str, float]:
-    """``{metric: largest |replicate / original - 1|}`` over the replicated (arm, seed) pairs; NaN without any.
-
-    Metrics: those of ``dlfp.studies.validation.METRICS``.
-    """
+def metric_noise(real: TrialMap, replicates: Replicates) -> dict[str, float]:
+    """``{metric: largest |replicate / original - 1|}`` over every replicate run of the replicated (arm, seed)
+    pairs; NaN without any. Metrics: those of ``dlfp.studies.validation.METRICS``."""
     from dlfp.studies.validation import METRICS, rel_error
 
     out = {}
-    keys = [k for k in replicates if k in real]
-    sr, sp = _summ({k: real[k] for k in keys}), _summ({k: replicates[k] for k in keys})
+    runs = [{k: t for k, t in run.items() if k in real} for run in replicate_runs(replicates)]
+    sr = _summ({k: real[k] for run in runs for k in run})
+    sps = [_summ(run) for run in runs]
     for m, (col, _) in METRICS.items():
-        vals = [abs(rel_error(sr[k][col], sp[k][col])) for k in keys]
+        vals = [abs(rel_error(sr[k][col], sp[k][col])) for sp in sps for k in sp]
         vals = [v for v in vals if math.isfinite(v)]
         out[m] = max(vals) if vals else math.nan
     return out
 
 
-def effect_noise(real: TrialMap, replicates: TrialMap, baseline: str = "baseline") -> dict[str, float]:
+def effect_noise(real: TrialMap, replicates: Replicates, baseline: str = "baseline") -> dict[str, float]:
     """``{metric: run-to-run noise of a paired effect on it}`` in percentage points; NaN without replicates.
 
-    The larger of: (a) the change of an effect when both of its arms are replaced by their replicates
-    (``|effect(replicates) - effect(originals)|``, over every replicated arm whose baseline of the same seed is
-    replicated too), and (b) the metric's own noise, ``|replicate / original - 1|`` of any replicated arm: an
-    effect compares two runs, each carrying that noise, so a controller that leaves the cap alone shows an
-    effect of that size on the real engine and of 0 on the deterministic simulator.
+    The larger of: (a) the change of an effect when both of its arms are replaced by their replicates of one run
+    (``|effect(replicates) - effect(originals)|``, over every replicate run and every replicated arm whose
+    baseline of the same seed is replicated in that run too), and (b) the metric's own noise,
+    ``|replicate / original - 1|`` of any replicated arm: an effect compares two runs, each carrying that noise,
+    so a controller that leaves the cap alone shows an effect of that size on the real engine and of 0 on the
+    deterministic simulator.
     """
     out = {}
-    pairs = [(a, s) for a, s in replicates if a != baseline and (baseline, s) in replicates
-             and (a, s) in real and (baseline, s) in real]
-    keys = [k for k in replicates if k in real]
+    runs = replicate_runs(replicates)
     for m, col in EFFECT_METRICS.items():
         vals = []
-        for a, s in pairs:
-            e0 = summarize(real[(a, s)])[col] / summarize(real[(baseline, s)])[col] - 1
-            e1 = summarize(replicates[(a, s)])[col] / summarize(replicates[(baseline, s)])[col] - 1
-            vals.append(abs(e1 - e0) * 100)
-        for k in keys:
-            vals.append(abs(summarize(replicates[k])[col] / summarize(real[k])[col] - 1) * 100)
+        for run in runs:
+            pairs = [(a, s) for a, s in run if a != baseline and (baseline, s) in run
+                     and (a, s) in real and (baseline, s) in real]
+            for a, s in pairs:
+                e0 = summarize(real[(a, s)])[col] / summarize(real[(baseline, s)])[col] - 1
+                e1 = summarize(run[(a, s)])[col] / summarize(run[(baseline, s)])[col] - 1
+                vals.append(abs(e1 - e0) * 100)
+            for k in [k for k in run if k in real]:
+                vals.append(abs(summarize(run[k])[col] / summarize(real[k])[col] - 1) * 100)
         vals = [v for v in vals if math.isfinite(v)]
         out[m] = max(vals) if vals else math.nan
     return out
@@ -204,5 +212,5 @@ def three_way_markdown(tw: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EFFECT_METRICS", "EFFECT_TARGET_PP", "audit_effects", "audit_errors", "audit_markdown", "effect_noise",
-           "judge", "metric_noise", "three_way", "three_way_markdown"]
+__all__ = ["EFFECT_METRICS", "EFFECT_TARGET_PP", "Replicates", "audit_effects", "audit_errors", "audit_markdown",
+           "effect_noise", "judge", "metric_noise", "replicate_runs", "three_way", "three_way_markdown"]

@@ -16,24 +16,29 @@ from dlfp.traces.format import Trial
 TrialMap = Mapping[tuple[str, int], Trial]
 
 #: what to run so that the CPU profile and the real-engine traces come from this host (``{exp}``: the workload)
-SAME_HOST_COMMAND = "dlfp calibrate && dlfp run {exp} --backend vllm --force && dlfp validate-sim --run-real"
+SAME_HOST_COMMAND = "dlfp audit"
 
 
-def real_host(experiment: str, real: TrialMap, replicates: TrialMap | None = None) -> Mapping:
-    """The host record (``dlfp.hostinfo.host_record``) all real trials of ``experiment`` (and its replicates) share.
+def real_host(experiment: str, real: TrialMap, replicates=None) -> Mapping:
+    """The host record (``dlfp.hostinfo.host_record``) all real trials of ``experiment`` (and its replicates: one
+    map, or one map per replicate run) share.
 
     Raises:
         ValidationError: two of them were recorded on different hosts (one line naming both and what to run).
     """
-    from dlfp.hostinfo import host_record, same_host_problem
+    from dlfp.hostinfo import host_record, record_key, same_host_problem
     from dlfp.studies.validation import ValidationError
 
     items = [(f"{arm}/seed-{seed}", t) for (arm, seed), t in sorted(real.items())]
-    items += [(f"{arm}/seed-{seed} (replicate)", t) for (arm, seed), t in sorted((replicates or {}).items())]
+    from dlfp.studies.validation_audit import replicate_runs
+
+    for n, run in enumerate(replicate_runs(replicates or {}), 1):
+        tag = "replicate" if isinstance(replicates, Mapping) else f"replicate {n}"
+        items += [(f"{arm}/seed-{seed} ({tag})", t) for (arm, seed), t in sorted(run.items())]
     if not items:
         return {}
     # a trial with an identity is the reference, so that a mix of known and unknown hosts compares against a known one
-    ref_name, ref = next(((n, t) for n, t in items if host_record(t.metadata).get("host_key")), items[0])
+    ref_name, ref = next(((n, t) for n, t in items if record_key(host_record(t.metadata))), items[0])
     ref_host = host_record(ref.metadata)
     for name, t in items:
         why = same_host_problem(host_record(t.metadata), ref_host)
@@ -73,6 +78,27 @@ def profile_host_problem(experiment: str, gpu_key: str, host: Mapping) -> tuple[
     return None, None
 
 
+def emu_over_profile(emu: TrialMap, gpu_key: str) -> tuple[dict, int]:
+    """The emulator trials of ``emu`` whose device is the current fitted profile ``gpu_key`` (their recorded
+    ``metadata["hardware"]["gpu"]["fit"]`` equals the profile's), and how many were left out (a trial emulated over
+    a profile since refitted describes another device). Every trial is kept for a datasheet GPU."""
+    import json
+
+    from dlfp.devices import roofline as cm
+
+    try:
+        spec = cm.load_gpu(gpu_key)
+    except Exception:  # an unknown key: the simulator refuses it itself
+        return dict(emu), 0
+    if spec.kind != "fitted":
+        return dict(emu), 0
+    want = json.dumps(spec.fit, sort_keys=True, default=str)
+    kept = {k: t for k, t in emu.items()
+            if json.dumps(((t.metadata.get("hardware") or {}).get("gpu") or {}).get("fit"), sort_keys=True,
+                          default=str) == want}
+    return kept, len(emu) - len(kept)
+
+
 def audit_hosts(results: Mapping[str, Mapping]) -> dict[str, dict]:
     """Per workload, the hosts of its real-engine traces and of the CPU profile it was simulated with.
 
@@ -81,11 +107,11 @@ def audit_hosts(results: Mapping[str, Mapping]) -> dict[str, dict]:
     key and identity for a record that predates host identities; ``profile`` None for a datasheet GPU).
     """
     from dlfp.devices import roofline as cm
-    from dlfp.hostinfo import host_label
+    from dlfp.hostinfo import host_label, record_key
 
     def one(rec: Mapping | None) -> dict:
         rec = rec or {}
-        return {"label": host_label(rec), "host_key": rec.get("host_key"), "identity": rec.get("identity")}
+        return {"label": host_label(rec), "host_key": record_key(rec), "identity": rec.get("identity")}
 
     out = {}
     for exp, r in results.items():
@@ -110,4 +136,4 @@ def host_line(hosts: Mapping[str, Mapping]) -> str | None:
     return f"Real engine and CPU profile measured on one host: {labels.pop()}."
 
 
-__all__ = ["SAME_HOST_COMMAND", "audit_hosts", "host_line", "profile_host_problem", "real_host"]
+__all__ = ["SAME_HOST_COMMAND", "audit_hosts", "emu_over_profile", "host_line", "profile_host_problem", "real_host"]

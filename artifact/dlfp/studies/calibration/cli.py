@@ -18,10 +18,12 @@ from dlfp.studies.calibration.grid import default_grid, run_grid
 from dlfp.studies.calibration.measurements import load_measurements, save_measurements
 from dlfp.studies.calibration.profile import DEFAULT_KEY, DEFAULT_PROFILE, calibrate, machine_description, \
     write_profile
-from dlfp.studies.calibration.report import coefficient_table, residual_figure
+from dlfp.studies.calibration.report import coefficient_table, cost_form_markdown, residual_figure
 
 #: default directory of the raw measurements and the residual figure
 DEFAULT_MEASUREMENTS = REPO_ROOT / "data" / "results" / "calibration"
+#: the cost form and fit quality of the profile, Markdown, beside the measurements (REPRODUCE.md quotes it)
+COST_FORM = "cost_form.md"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,6 +126,8 @@ def main_calibrate(argv: Sequence[str] | None = None) -> int:
 
         atomic_write(mdir / "phases.csv",
                      phase_table(steps, prof["fit"]["grid"], prof["fit"]["grid"]["fit_target"]).to_csv(index=False))
+        if "part_medians_s" in prof["fit"]["grid"]:
+            atomic_write(mdir / COST_FORM, cost_form_markdown(prof))
     figpath = Path(a.figure) if a.figure else mdir / "residuals.png"
     figpath.parent.mkdir(parents=True, exist_ok=True)
     residual_figure(steps).savefig(figpath, dpi=120)
