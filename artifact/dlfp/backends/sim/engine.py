@@ -335,6 +335,7 @@ class SimEngine:
         host: host costs (``HostCosts``).
         prefix_caching: a preempted request hits its own blocks still cached when it resumes
             (``dlfp.backends.sim.scheduler``); off by default, as a caller with a real KV pool needs.
+        enforce_eager: no CUDA graphs, every batch's kernels launched one by one (``HostCosts.launch_rule``).
 
     Raises:
         ValueError: bad scheduling mode, non-positive limits or an unknown policy signal.
@@ -342,7 +343,8 @@ class SimEngine:
 
     def __init__(self, device: DeviceModel, policy, *, scheduling: str = "async", max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, block_size: int = 16, num_gpu_blocks: int, max_model_len: int = 40960,
-                 host: HostCosts | None = None, max_steps: int = 50_000_000, prefix_caching: bool = False):
+                 host: HostCosts | None = None, max_steps: int = 50_000_000, prefix_caching: bool = False,
+                 enforce_eager: bool = False):
         check_engine_args(policy, scheduling, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.dm = device
@@ -359,7 +361,8 @@ class SimEngine:
         self._device_time = device.time
         self._time_scheduled = getattr(device, "time_scheduled", None)
         self._power = device.power_w
-        self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer)
+        self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer,
+                                             enforce_eager)
 
     def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate ``requests`` (objects with ``request_id``, ``arrival_s``, ``prompt_tokens``,

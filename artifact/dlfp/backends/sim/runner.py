@@ -2,6 +2,8 @@
 
 ``backend_options`` understood (all optional)::
 
+    enforce_eager: false                                # vLLM's --enforce-eager (the real backends read it too)
+
     sim:
       host: {<HostCosts field>: seconds, ...}          # override host costs
       device: {<DeviceAssumptions field>: value, ...}  # override device assumptions
@@ -73,6 +75,18 @@ def prefix_caching(cfg: ExperimentConfig) -> bool:
     v = _sim_options(cfg).get("prefix_caching", True)
     if not isinstance(v, bool):
         raise ConfigError(f"field backend_options.sim.prefix_caching: expected true or false, got {v!r}")
+    return v
+
+
+def enforce_eager(cfg: ExperimentConfig) -> bool:
+    """``backend_options.enforce_eager`` (vLLM's ``--enforce-eager``; default false, as vLLM's on a GPU).
+
+    Raises:
+        ConfigError: not a boolean (naming the field).
+    """
+    v = cfg.backend_options.get("enforce_eager", False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"field backend_options.enforce_eager: expected true or false, got {v!r}")
     return v
 
 
@@ -176,7 +190,8 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
     policy = build_policy(cfg.arms[arm])
     eng = SimEngine(dm, policy, scheduling=cfg.scheduling, max_num_batched_tokens=cfg.max_num_batched_tokens,
                     max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
-                    max_model_len=cfg.max_model_len, host=host, prefix_caching=prefix_caching(cfg))
+                    max_model_len=cfg.max_model_len, host=host, prefix_caching=prefix_caching(cfg),
+                    enforce_eager=enforce_eager(cfg))
     res = eng.run(reqs, progress=progress)
     rq = wi.requests_frame()
     rq["finished"] = res.finished
