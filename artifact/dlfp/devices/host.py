@@ -25,15 +25,20 @@ class HostCosts:
     * ``prep_base_s`` 150e-6 + ``prep_per_req_s`` 3e-6 + ``prep_per_token_s`` 0.02e-6:
       ``GPUModelRunner._prepare_inputs`` (numpy index building, H2D copies of
       input ids, positions, slot mappings, attention metadata).
-    * launch: ``launch_graph_s`` 40e-6 for a decode-only batch of at most
+    * launch: ``launch_graph_s`` 7.7e-6 for a decode-only batch of at most
       ``cudagraph_max_tokens`` tokens replayed as one FULL CUDA graph;
-      ``launch_piecewise_per_layer_s`` 15e-6 per layer for a mixed batch of at
+      ``launch_piecewise_per_layer_s`` 18.7e-6 per layer for a mixed batch of at
       most ``cudagraph_max_tokens`` (piecewise graphs, attention launched
-      eagerly between pieces); ``launch_eager_per_kernel_s`` 5e-6 per kernel
+      eagerly between pieces); ``launch_eager_per_kernel_s`` 7.6e-6 per kernel
       (PyTorch dispatch + cudaLaunchKernel) for larger batches that run without
-      graphs. ``cudagraph_max_tokens`` 512 = vLLM's default largest capture size
-      (min(2 * max_num_seqs, 512)). Launch overlaps the device: the batch cannot
-      finish before its last kernel is launched.
+      graphs, and for every batch under ``--enforce-eager``. ``cudagraph_max_tokens`` 512 = vLLM's default
+      largest capture size (min(2 * max_num_seqs, 512)). Launch overlaps the device: the batch cannot
+      finish before its last kernel is launched. The three launch costs are measured on a GPU server's host
+      (``benchmarks/gpu/step_floor.py`` on the H200 machine, ``data/gpu-measurements/h200/step_floor.csv``,
+      medians of 25): one eager kernel 7.6 us to enqueue (``eager_op``); ``replay()`` of a captured graph of
+      512 kernels 7.7 us (``graph_replay_launch``, 3.5 us for 1-64 kernels; a Qwen3 decoder stack is 300-770
+      kernels); a piecewise layer = one graph replay of its pieces (3.5 us, 64 kernels) and two attention
+      kernels launched eagerly (2 x 7.6 us). Before the measurement they were assumed 40, 15 and 5 us.
     * ``sample_launch_s`` 30e-6: ``sample_tokens`` (sampler launch, async D2H copy).
     * ``update_base_s`` 60e-6 + ``update_per_req_s`` 5e-6:
       ``Scheduler.update_from_output`` (append tokens, stop checks, build
@@ -58,9 +63,9 @@ class HostCosts:
     prep_base_s: float = 150e-6
     prep_per_req_s: float = 3e-6
     prep_per_token_s: float = 0.02e-6
-    launch_graph_s: float = 40e-6
-    launch_piecewise_per_layer_s: float = 15e-6
-    launch_eager_per_kernel_s: float = 5e-6
+    launch_graph_s: float = 7.7e-6
+    launch_piecewise_per_layer_s: float = 18.7e-6
+    launch_eager_per_kernel_s: float = 7.6e-6
     cudagraph_max_tokens: int = 512
     sample_launch_s: float = 30e-6
     update_base_s: float = 60e-6
@@ -99,7 +104,8 @@ class HostCosts:
         """The model runner's work after the sampler (s) for a batch of ``num_requests`` requests."""
         return self.bookkeeping_base_s + self.bookkeeping_per_req_s * num_requests
 
-    def launch_rule(self, num_layers: int, kernels_per_layer: int) -> Callable[[int, int], float]:
+    def launch_rule(self, num_layers: int, kernels_per_layer: int,
+                    enforce_eager: bool = False) -> Callable[[int, int], float]:
         """The kernel-launch time (s) of a model with ``num_layers`` layers of ``kernels_per_layer`` kernels.
 
         Returns ``launch(num_tokens, num_prefills) -> seconds``: ``launch_graph_s`` for a FULL CUDA graph,
@@ -107,12 +113,17 @@ class HostCosts:
         num_layers * kernels_per_layer`` eagerly. The rule follows vLLM 0.17.1's CUDA-graph modes
         (``vllm/config/compilation.py``): a decode-only batch of at most ``cudagraph_max_tokens`` tokens replays
         one FULL graph; a mixed batch of at most that many tokens runs PIECEWISE graphs (attention launched
-        eagerly between pieces); a larger batch runs eagerly. This is the only place the rule is written.
+        eagerly between pieces); a larger batch runs eagerly. ``enforce_eager`` (vLLM's ``--enforce-eager``:
+        ``ModelConfig.enforce_eager``, no graph captured, ``CUDAGraphMode.NONE``) launches every batch eagerly.
+        This is the only place the rule is written.
         """
         graph = self.launch_graph_s
         piecewise = self.launch_piecewise_per_layer_s * num_layers
         eager = self.launch_eager_per_kernel_s * num_layers * kernels_per_layer
         gmax = self.cudagraph_max_tokens
+
+        if enforce_eager:
+            return lambda num_tokens, num_prefills: eager
 
         def launch(num_tokens: int, num_prefills: int) -> float:
             if num_tokens <= gmax:

@@ -333,6 +333,9 @@ class SimEngine:
         scheduling: ``"sync"`` or ``"async"``.
         num_gpu_blocks: KV-cache blocks (see ``dlfp.devices.roofline.kv_cache_blocks``).
         host: host costs (``HostCosts``).
+        prefix_caching: a preempted request hits its own blocks still cached when it resumes
+            (``dlfp.backends.sim.scheduler``); off by default, as a caller with a real KV pool needs.
+        enforce_eager: no CUDA graphs, every batch's kernels launched one by one (``HostCosts.launch_rule``).
 
     Raises:
         ValueError: bad scheduling mode, non-positive limits or an unknown policy signal.
@@ -340,7 +343,8 @@ class SimEngine:
 
     def __init__(self, device: DeviceModel, policy, *, scheduling: str = "async", max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, block_size: int = 16, num_gpu_blocks: int, max_model_len: int = 40960,
-                 host: HostCosts | None = None, max_steps: int = 50_000_000):
+                 host: HostCosts | None = None, max_steps: int = 50_000_000, prefix_caching: bool = False,
+                 enforce_eager: bool = False):
         check_engine_args(policy, scheduling, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.dm = device
@@ -349,7 +353,7 @@ class SimEngine:
         self.host = host or HostCosts()
         self.sched = Scheduler(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_model_len=max_model_len,
-                               async_scheduling=self.async_)
+                               async_scheduling=self.async_, prefix_caching=prefix_caching)
         self.max_steps = max_steps
         self._decisions = getattr(policy, "decisions", None)
         self._wants_context = bool(getattr(policy, "wants_context", False))
@@ -357,7 +361,8 @@ class SimEngine:
         self._device_time = device.time
         self._time_scheduled = getattr(device, "time_scheduled", None)
         self._power = device.power_w
-        self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer)
+        self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer,
+                                             enforce_eager)
 
     def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate ``requests`` (objects with ``request_id``, ``arrival_s``, ``prompt_tokens``,
@@ -377,4 +382,5 @@ class SimEngine:
         return SimResult(token_times=[r.times for r in reqs], finished=finished,
                          iterations=_iteration_frame(run.rows, self.policy.signal), energy_j=energy,
                          busy_energy_j=run.busy_e, end_s=end_s, num_preemptions=self.sched.num_preemptions,
-                         num_gpu_blocks=self.sched.num_gpu_blocks, num_schedule_calls=run.calls)
+                         num_gpu_blocks=self.sched.num_gpu_blocks, num_schedule_calls=run.calls,
+                         extra={"num_cached_tokens_hit": self.sched.num_cached_tokens_hit})

@@ -2,11 +2,15 @@
 
 ``backend_options`` understood (all optional)::
 
+    enforce_eager: false                                # vLLM's --enforce-eager (the real backends read it too)
+
     sim:
       host: {<HostCosts field>: seconds, ...}          # override host costs
       device: {<DeviceAssumptions field>: value, ...}  # override device assumptions
       reserve_gib: 2.0                                  # non-KV memory per GPU
       num_gpu_blocks: <int>                             # force the KV-cache size (tests)
+      prefix_caching: true                              # a resumed request hits its own cached blocks
+                                                        # (vLLM 0.17.1's default, CacheConfig.enable_prefix_caching)
 
 Token ids are deterministic and identical in every arm: id = splitmix64(h(request_id) + index) mod vocab_size,
 with h = the first 8 bytes of blake2b(request_id). Token time = when output processing of the iteration that
@@ -34,7 +38,7 @@ def _provenance() -> tuple[dict, str]:
     return package_versions(), git_commit()
 
 
-_OPTION_KEYS = {"host", "device", "reserve_gib", "num_gpu_blocks"}
+_OPTION_KEYS = {"host", "device", "reserve_gib", "num_gpu_blocks", "prefix_caching"}
 _DEVICE_MODELS: dict[tuple, cm.DeviceModel] = {}
 
 
@@ -60,6 +64,30 @@ def _sim_options(cfg: ExperimentConfig) -> dict:
     if bad:
         raise ConfigError(f"field backend_options.sim.{bad[0]}: unknown; known: {', '.join(sorted(_OPTION_KEYS))}")
     return opts
+
+
+def prefix_caching(cfg: ExperimentConfig) -> bool:
+    """``backend_options.sim.prefix_caching`` (default True, vLLM 0.17.1's ``CacheConfig.enable_prefix_caching``).
+
+    Raises:
+        ConfigError: not a boolean (naming the field).
+    """
+    v = _sim_options(cfg).get("prefix_caching", True)
+    if not isinstance(v, bool):
+        raise ConfigError(f"field backend_options.sim.prefix_caching: expected true or false, got {v!r}")
+    return v
+
+
+def enforce_eager(cfg: ExperimentConfig) -> bool:
+    """``backend_options.enforce_eager`` (vLLM's ``--enforce-eager``; default false, as vLLM's on a GPU).
+
+    Raises:
+        ConfigError: not a boolean (naming the field).
+    """
+    v = cfg.backend_options.get("enforce_eager", False)
+    if not isinstance(v, bool):
+        raise ConfigError(f"field backend_options.enforce_eager: expected true or false, got {v!r}")
+    return v
 
 
 def build_engine_parts(cfg: ExperimentConfig):
@@ -162,7 +190,8 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
     policy = build_policy(cfg.arms[arm])
     eng = SimEngine(dm, policy, scheduling=cfg.scheduling, max_num_batched_tokens=cfg.max_num_batched_tokens,
                     max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
-                    max_model_len=cfg.max_model_len, host=host)
+                    max_model_len=cfg.max_model_len, host=host, prefix_caching=prefix_caching(cfg),
+                    enforce_eager=enforce_eager(cfg))
     res = eng.run(reqs, progress=progress)
     rq = wi.requests_frame()
     rq["finished"] = res.finished
@@ -204,6 +233,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
         "sim": {"host_costs": host.as_dict(),
                 "device_assumptions": {k: getattr(dm.a, k) for k in dm.a.__dataclass_fields__},
                 "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
+                "num_cached_tokens_hit": res.extra.get("num_cached_tokens_hit", 0),
                 "num_schedule_calls": res.num_schedule_calls, "model": {"key": model.key, "source": model.source}},
     }
     if getattr(policy, "logs_reasons", False):  # DLFP-G: the reason of every decision, for the cap trajectory

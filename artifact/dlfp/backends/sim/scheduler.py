@@ -7,12 +7,23 @@ Decision order, as in ``Scheduler.schedule()``:
    the token budget (and ``max_model_len - 1 - num_computed``); KV blocks
    allocated; when blocks run out, the LAST running request is preempted
    (recompute: its blocks are freed, ``num_computed = 0``, it goes to the head
-   of the waiting queue) until the request fits or is itself preempted.
+   of the waiting queue; ``Scheduler._preempt_request``) until the request fits
+   or is itself preempted.
    Async only: a request is skipped when the step already in flight reaches
    ``max_tokens`` (``num_computed + 2 - placeholders >= prompt + max_tokens``).
 2. WAITING requests first come, first served, only if nothing was preempted in
    this step, while ``len(running) < max_num_seqs`` and budget remains; a
    request whose first chunk's blocks do not fit stops the loop.
+
+Prefix caching (``prefix_caching=True``, vLLM 0.17.1's default: ``CacheConfig.enable_prefix_caching``) as
+``vllm/v1/core/block_pool.py`` keeps it: the free blocks form ONE queue (``FreeKVCacheBlockQueue``); new blocks
+are taken from its head (``BlockPool.get_new_blocks``, evicting whatever a block cached) and freed blocks are
+appended to its tail, a request's blocks in reverse order so that its tail blocks are evicted first
+(``SingleTypeKVCacheManager.free``). A preempted request's full blocks of known tokens stay cached in that queue
+until evicted; when it is admitted again, ``KVCacheManager.get_computed_blocks`` hits the longest cached prefix
+of whole blocks, at most ``num_tokens - 1`` tokens, and those blocks leave the queue (``BlockPool.touch``), so the
+request recomputes only what was evicted. Prompts never share a prefix in these workloads (fresh, nonmatching ids),
+so the blocks of finished requests are never hit. Without prefix caching a resumed request recomputes everything.
 
 After scheduling, ``num_computed`` advances by the scheduled tokens; a request
 that is not left mid-prefill samples one token. The async scheduler adds an
@@ -43,7 +54,7 @@ class SimRequest:
     """Scheduler state of one request (token counts, KV blocks, emitted token times)."""
 
     __slots__ = ("idx", "rid", "arrival", "P", "M", "computed", "out", "ph", "blocks", "status",
-                 "times", "preemptions")
+                 "times", "preemptions", "cached_full", "free_seg")
 
     def __init__(self, idx: int, rid: str, arrival: float, prompt_tokens: int, max_tokens: int):
         self.idx, self.rid, self.arrival = idx, rid, arrival
@@ -55,6 +66,8 @@ class SimRequest:
         self.status = WAITING
         self.times: list[float] = []
         self.preemptions = 0
+        self.cached_full = 0  # full blocks of known tokens cached at the last preemption (prefix caching)
+        self.free_seg: list | None = None  # its blocks' segment [owner, count] in the free-block queue
 
     @property
     def num_tokens(self) -> int:
@@ -73,7 +86,7 @@ class Scheduler:
     """
 
     def __init__(self, *, max_num_batched_tokens: int, max_num_seqs: int, block_size: int,
-                 num_gpu_blocks: int, max_model_len: int, async_scheduling: bool):
+                 num_gpu_blocks: int, max_model_len: int, async_scheduling: bool, prefix_caching: bool = False):
         self.budget = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.bs = block_size
@@ -84,6 +97,11 @@ class Scheduler:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.num_preemptions = 0
+        self.prefix_caching = prefix_caching
+        #: the free-block queue as segments ``[owner, count]``, head first: ``owner`` a preempted request whose
+        #: cached blocks they are (its tail blocks first), or None for blocks nothing will hit; prefix caching only
+        self.free_queue: deque[list] = deque([[None, num_gpu_blocks]]) if prefix_caching else deque()
+        self.num_cached_tokens_hit = 0
 
     def has_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
@@ -92,6 +110,10 @@ class Scheduler:
         return -(-(r.computed + n) // self.bs) - r.blocks
 
     def _preempt(self, r: SimRequest) -> None:
+        if self.prefix_caching:
+            known = r.P + r.out  # placeholders' tokens are not known yet: their blocks are not hashed
+            r.cached_full = min(r.computed, known) // self.bs
+            self._release(r, r.blocks, r)
         self.free_blocks += r.blocks
         r.blocks = 0
         r.status = PREEMPTED
@@ -99,6 +121,56 @@ class Scheduler:
         r.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(r)
+
+    def _release(self, r: SimRequest, n: int, owner: SimRequest | None) -> None:
+        """Append ``r``'s ``n`` freed blocks to the free queue's tail, cached for ``owner`` (None: never hit)."""
+        if n <= 0:
+            return
+        q = self.free_queue
+        if owner is None and q and q[-1][0] is None:
+            q[-1][1] += n
+            return
+        seg = [owner, n]
+        q.append(seg)
+        if owner is not None:
+            owner.free_seg = seg
+
+    def _take(self, n: int) -> None:
+        """Take ``n`` blocks from the free queue's head (``BlockPool.get_new_blocks``), evicting cached ones."""
+        q = self.free_queue
+        while n > 0:
+            seg = q[0]
+            k = seg[1] if seg[1] <= n else n
+            seg[1] -= k
+            n -= k
+            if seg[1] == 0:
+                q.popleft()
+                if seg[0] is not None:
+                    seg[0].free_seg = None
+
+    def _cache_hit(self, r: SimRequest) -> int:
+        """Blocks of ``r``'s cached prefix still in the free queue (``get_computed_blocks``): whole blocks of at most
+        ``num_tokens - 1`` tokens; 0 without prefix caching or a preemption."""
+        seg = r.free_seg
+        if seg is None:
+            return 0
+        return min(r.cached_full, seg[1], (r.num_tokens - 1) // self.bs)
+
+    def _touch(self, r: SimRequest, hits: int) -> None:
+        """``BlockPool.touch``: ``r``'s ``hits`` prefix blocks leave the free queue; the rest of its segment stays
+        there, no longer hit by anything."""
+        seg = r.free_seg
+        if seg is None:
+            return
+        seg[1] -= hits
+        seg[0] = None
+        r.free_seg = None
+        if seg[1] == 0:
+            self.free_queue.remove(seg)
+        self.free_blocks -= hits
+        r.blocks += hits
+        r.computed = hits * self.bs
+        self.num_cached_tokens_hit += hits * self.bs
 
     def schedule(self, now: float, policy) -> tuple[list[tuple], int | None]:
         """``Scheduler.schedule()``: running requests first (decodes and chunked prefills), then waiting ones.
@@ -182,6 +254,8 @@ class Scheduler:
             if not ok:
                 break
             self.free_blocks -= need
+            if self.prefix_caching:
+                self._take(need)
             r.blocks += need
             entries.append((r, n, r.computed, dec))
             budget -= n
@@ -197,15 +271,20 @@ class Scheduler:
             if len(running) == self.max_num_seqs:
                 break
             r = waiting[0]
-            n = r.P + r.out - r.computed
+            hits = self._cache_hit(r) if self.prefix_caching else 0
+            c = hits * self.bs if hits else r.computed
+            n = r.P + r.out - c
             if n > budget:
                 n = budget
             if n > pcap:
                 n = pcap
-            need = self._need(r, n)
-            if need > self.free_blocks:
+            need = -(-(c + n) // self.bs) - (hits if hits else r.blocks)
+            if need + hits > self.free_blocks:
                 break
             waiting.popleft()
+            if self.prefix_caching:
+                self._touch(r, hits)
+                self._take(need)
             self.free_blocks -= need
             r.blocks += need
             r.status = RUNNING
@@ -229,6 +308,11 @@ class Scheduler:
 
     def finish(self, r: SimRequest) -> None:
         """Free a finished request's blocks and drop it from the queues."""
+        if self.prefix_caching:
+            self._release(r, r.blocks, None)
+            if r.free_seg is not None:  # finished while preempted: its cached blocks will never be hit
+                r.free_seg[0] = None
+                r.free_seg = None
         self.free_blocks += r.blocks
         r.blocks = 0
         if r.status == RUNNING:
