@@ -132,3 +132,25 @@ def test_regenerates_the_shipped_table_byte_for_byte(tmp_path):
     assert path.read_bytes() == RESULT.read_bytes()
     assert [p.name for p in path.parent.iterdir()] == ["kv_sizing.md"]  # no temporary file left behind
     assert math.isfinite(float(study.kv_sizing_table().change_pct.max()))
+
+
+def _exp(**over):
+    from dlfp.config import ExperimentConfig
+
+    d = dict(name="kv-unit", model="qwen3-8b", gpu="a100-sxm4-80gb", tp=1, max_num_batched_tokens=16384,
+             max_num_seqs=128, workload=dict(kind="fixed", rate=1.0, num_requests=2, prompt_tokens=100,
+                                             output_tokens=4),
+             slo=dict(ttft_s=1.0, itl_s=0.1), arms={"baseline": dict(policy="nocap")})
+    d.update(over)
+    return ExperimentConfig.model_validate(d)
+
+
+def test_the_simulator_passes_its_engine_settings():
+    from dlfp.backends.sim.runner import build_engine_parts
+
+    m, g = cm.load_model("qwen3-8b"), cm.load_gpu("a100-sxm4-80gb")
+    blocks = build_engine_parts(_exp())[4]
+    assert blocks == cm.kv_cache_blocks(m, g, 1, max_num_batched_tokens=16384, max_num_seqs=128)
+    assert blocks != cm.kv_cache_blocks(m, g, 1)  # a 16,384-token forward peaks above the 8,192-token one
+    fixed = build_engine_parts(_exp(backend_options={"sim": {"reserve_gib": 2.0}}))[4]
+    assert fixed == cm.kv_cache_blocks(m, g, 1, reserve_gib=2.0)
