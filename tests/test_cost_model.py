@@ -60,12 +60,13 @@ def test_tp_adds_two_allreduces_per_layer():
     assert b2.total_s == pytest.approx(b2.linear_s + b2.attention_s + b2.allreduce_s + b2.overhead_s, rel=1e-12)
 
 
-def test_kv_cache_blocks_by_hand():
+def test_kv_cache_blocks_by_hand_with_a_fixed_reserve():
+    # the rule with an explicit reserve (backend_options.sim.reserve_gib); the profiled default: test_kv_sizing.py
     m, g = cm.load_model("qwen3-0.6b"), cm.load_gpu("a100-sxm4-80gb")
     weights = 595_984_384 * 2  # params x BF16
     free = 80 * 2**30 * 0.9 - weights - 2 * 2**30
     per_block = 16 * 2 * 28 * 8 * 128 * 2
-    assert cm.kv_cache_blocks(m, g, 1) == int(free // per_block)
+    assert cm.kv_cache_blocks(m, g, 1, reserve_gib=2.0) == int(free // per_block)
 
 
 def test_energy_between_idle_and_tdp():

@@ -183,21 +183,33 @@ def load_gpu(key: str) -> GPUSpec:
 
 
 def kv_cache_blocks(model: ModelSpec, gpu: GPUSpec, tp: int, *, gpu_memory_utilization: float = 0.9,
-                    block_size: int = 16, reserve_gib: float = 2.0) -> int:
-    """KV-cache blocks per GPU, as vLLM sizes them.
+                    block_size: int = 16, reserve_gib: float | None = None, max_num_batched_tokens: int = 8192,
+                    max_num_seqs: int = 256) -> int:
+    """KV-cache blocks per GPU, as vLLM 0.17.1 sizes them.
 
-    ``memory_gib * utilisation - weights/tp - reserve_gib`` bytes, divided by
-    ``block_size * kv_bytes_per_token(tp)``. ``reserve_gib`` (2 GiB, assumption)
-    stands for the CUDA context, CUDA graphs and the activation peak of
-    vLLM's profiling run.
+    A datasheet GPU: ``dlfp.devices.kv_sizing.profile_kv_sizing``, which follows vLLM's start-up profiling term by
+    term (weights of one TP shard, activation peak of the profile run over ``max_num_batched_tokens`` tokens and
+    ``max_num_seqs`` sampler rows, memory outside PyTorch's allocator) and divides what is left of
+    ``memory_gib * gpu_memory_utilization`` by the bytes of one block of all layers. ``reserve_gib`` (GiB), when
+    given, replaces the profiled terms after the weights: ``memory_gib * utilisation - weights/tp - reserve_gib``
+    divided by ``block_size * kv_bytes_per_token(tp)`` (the rule used before; backend_options.sim.reserve_gib).
+
+    A measured CPU profile (``kind: fitted`` with ``kv_cache_gib``): vLLM's CPU KV cache is a fixed space
+    (``VLLM_CPU_KVCACHE_SPACE``) holding elements of the profile's ``dtype_bytes``.
 
     Raises:
-        CostModelError: the weights do not fit (field ``gpu_memory_utilization``).
+        CostModelError: the weights (and profile run) do not fit (field ``gpu_memory_utilization``); a TP degree
+            the model cannot split (field ``tp``); a GPU without an SM count (field ``gpu``).
     """
     if gpu.kind == "fitted" and gpu.kv_cache_gib is not None:
         # a measured CPU profile: vLLM's CPU KV cache is a fixed space (VLLM_CPU_KVCACHE_SPACE), elements of dtype_bytes
         scale = (gpu.dtype_bytes or model.dtype_bytes) / model.dtype_bytes
         return int(gpu.kv_cache_gib * GIB // (block_size * model.kv_bytes_per_token(tp) * scale))
+    if reserve_gib is None:
+        from dlfp.devices.kv_sizing import profile_kv_sizing
+
+        return profile_kv_sizing(model, gpu, tp, gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs).num_blocks
     free = gpu.memory_gib * GIB * gpu_memory_utilization - model.weight_bytes / tp - reserve_gib * GIB
     if free <= 0:
         raise CostModelError(

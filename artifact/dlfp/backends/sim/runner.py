@@ -7,7 +7,8 @@
     sim:
       host: {<HostCosts field>: seconds, ...}          # override host costs
       device: {<DeviceAssumptions field>: value, ...}  # override device assumptions
-      reserve_gib: 2.0                                  # non-KV memory per GPU
+      reserve_gib: 2.0                                  # non-KV memory per GPU besides the weights (GiB);
+                                                        # default: profiled as vLLM 0.17.1 does (kv_sizing)
       num_gpu_blocks: <int>                             # force the KV-cache size (tests)
       prefix_caching: true                              # a resumed request hits its own cached blocks
                                                         # (vLLM 0.17.1's default, CacheConfig.enable_prefix_caching)
@@ -108,8 +109,12 @@ def build_engine_parts(cfg: ExperimentConfig):
         host = HostCosts.from_dict({**(gpu.host or {}), **(opts.get("host") or {})})
         blocks = opts.get("num_gpu_blocks")
         if blocks is None:
+            reserve = opts.get("reserve_gib")
             blocks = cm.kv_cache_blocks(model, gpu, cfg.tp, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                        block_size=cfg.block_size, reserve_gib=float(opts.get("reserve_gib", 2.0)))
+                                        block_size=cfg.block_size,
+                                        reserve_gib=None if reserve is None else float(reserve),
+                                        max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                        max_num_seqs=cfg.max_num_seqs)
     except (cm.CostModelError, ValueError, TypeError) as e:
         if isinstance(e, ConfigError):
             raise
