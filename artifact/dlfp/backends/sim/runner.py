@@ -163,9 +163,11 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
     eng = SimEngine(dm, policy, scheduling=cfg.scheduling, max_num_batched_tokens=cfg.max_num_batched_tokens,
                     max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
                     max_model_len=cfg.max_model_len, host=host)
-    res = eng.run(reqs, progress=progress)
+    res = eng.run(reqs, progress=progress, concurrency=wi.concurrency)
     rq = wi.requests_frame()
     rq["finished"] = res.finished
+    if res.sent is not None:  # closed loop: the arrival is when the client sent it (bench serve's start_time)
+        rq["arrival_s"] = res.sent
     # traces.validate wants one fingerprint for all rows (the workload's); requests_frame gives per-request ones
     rq["fingerprint"] = wi.fingerprint
     rq = coerce(rq, REQUEST_COLUMNS, "requests")
