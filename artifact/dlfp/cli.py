@@ -65,6 +65,8 @@ def _list(p: argparse.ArgumentParser) -> Handler:
                 c = load_experiment(n)
                 only = [t for t in c.tags if t.startswith("backend:") or t.endswith("-only")]
                 rate = f"{c.workload.rate:g}/s" if c.workload.uses_rate() else c.workload.kind
+                if c.workload.concurrency is not None:
+                    rate += f" concurrency={c.workload.concurrency}"
                 print(f"{n:34s} {c.model:12s} {c.gpu:18s} tp={c.tp} {c.scheduling:5s} "
                       f"rate={rate} n={c.workload.num_requests} arms={','.join(c.arms)} "
                       f"seeds={','.join(map(str, c.seeds))}{'  ' + ' '.join(only) if only else ''}")

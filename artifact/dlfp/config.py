@@ -19,24 +19,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_serializer, model_validator)
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dlfp.paths import EXPERIMENTS_DIR, EXPERIMENTS_ENV, experiment_file  # noqa: F401 (re-exported)
-from dlfp.policies.base import Policy, PolicyOptions, reject_bool
+from dlfp.policies.base import Policy, PolicyOptions
 from dlfp.policies.dlfp import (PAPER_GAIN, PAPER_INITIAL_CAP, PAPER_MAX_CAP, PAPER_MIN_CAP, PAPER_QUANTUM,
                                 PAPER_TARGET_S)
 from dlfp.policies.registry import POLICIES, policies_taking, policy_entry
+from dlfp.workload_config import (OMITTED_AT_DEFAULT, Float, Int, RequestRow, Strict as _Strict,  # noqa: F401
+                                  TraceReplay, Workload)  # (re-exported: the workload section lives there)
 
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the file and the field."""
 
-
-#: An int field that rejects booleans (``num_requests: true`` is a typo, not 1).
-Int = Annotated[int, BeforeValidator(reject_bool)]
-#: A float field that rejects booleans; non-finite values are rejected model-wide (``allow_inf_nan=False``).
-Float = Annotated[float, BeforeValidator(reject_bool)]
 
 #: Experiment and arm names become directory names under ``--out``: no path separators, no ``..``. A run with
 #: ``--set`` overrides is its own experiment ``<name>+<8 hex>`` (``dlfp.pipeline.plan.derived_experiment``).
@@ -55,11 +51,7 @@ def check_plain_name(v: Any) -> str:
 
 
 #: Fields a dump leaves out while they hold their default (so older configs dump as before); overrides may set them.
-_OMITTED_AT_DEFAULT = frozenset({"workload.prompt_source"})
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+_OMITTED_AT_DEFAULT = frozenset(f"workload.{name}" for name in OMITTED_AT_DEFAULT)
 
 
 class Assumption(_Strict):
@@ -81,103 +73,6 @@ class SLO(_Strict):
     ttft_s: Float = Field(gt=0)
     itl_s: Float = Field(gt=0)
     itl_quantile: Float = Field(default=1.0, gt=0, le=1.0)
-
-
-class TraceReplay(_Strict):
-    """Replay of a production trace file (Mooncake JSONL or Azure LLM CSV)."""
-
-    path: str
-    format: Literal["mooncake", "azure"]
-    window: Int = Field(default=0, ge=0, description="first N usable requests; 0 = all")
-    start: Int = Field(default=0, ge=0, description="skip this many rows first")
-    nonmatching: bool = True
-    follow_hash_ids: bool = False
-    use_trace_output_lengths: bool = False
-    max_prompt_tokens: Int = Field(default=32768, gt=0)
-    start_by_seed: dict[Annotated[int, Field(ge=0)], Annotated[Int, Field(ge=0)]] | None = Field(
-        default=None, description="seed -> start row; paired seeds replay different trace windows")
-    timing: Literal["rate", "native"] | None = Field(
-        default=None, description="rate (default): time-scale the window to workload.rate; native: the trace's own "
-                                  "timestamps (workload.rate unused)")
-
-
-class RequestRow(_Strict):
-    """One request of an explicit request list: arrival (s from the trial start), prompt and output tokens."""
-
-    arrival_s: Float = Field(ge=0)
-    prompt_tokens: Int = Field(gt=0)
-    output_tokens: Int = Field(gt=0)
-
-
-class Workload(_Strict):
-    """Open-loop request workload shared by every backend.
-
-    ``rate`` is requests per second of a Poisson process (``arrival="poisson"``)
-    or the target mean rate a replayed trace is time-scaled to. ``num_warmup``
-    requests come first and are excluded from metrics.
-    """
-
-    kind: Literal["agent", "fixed", "trace", "requests"] = "agent"
-    rate: Float | None = Field(default=None, gt=0, description="requests/s; not used by request lists and "
-                                                               "natively timed traces")
-    num_requests: Int = Field(gt=0, description="measured requests")
-    num_warmup: Int = Field(default=0, ge=0)
-    output_tokens: Int = Field(default=128, gt=0)
-    prompt_tokens: Int | None = Field(default=None, gt=0, description="for kind=fixed")
-    prompt_scale: Float = Field(default=1.0, gt=0, description="multiply sampled prompt lengths")
-    prompt_source: Literal["mooncake-conversation", "mooncake-synthetic", "azure-code", "azure-conversation"] = Field(
-        default="mooncake-conversation", description="kind=agent: the trace whose prompt-length quantiles are "
-                                                     "sampled (dlfp.workload.profiles.PROMPT_SOURCES)")
-    min_prompt_tokens: Int = Field(default=16, gt=0)
-    max_prompt_tokens: Int = Field(default=32768, gt=0)
-    vocab_size: Int = Field(default=151936, gt=1000)
-    trace: TraceReplay | None = None
-    requests: list[RequestRow] | None = Field(default=None, description="kind=requests: the request list, in order")
-    requests_csv: str | None = Field(default=None, description="kind=requests: a CSV with columns arrival_s, "
-                                                               "prompt_tokens, output_tokens (repo-relative path)")
-
-    @model_validator(mode="after")
-    def _kind_fields(self) -> "Workload":
-        if self.kind == "fixed" and self.prompt_tokens is None:
-            raise ValueError("workload.prompt_tokens is required when kind=fixed")
-        if self.kind == "trace" and self.trace is None:
-            raise ValueError("workload.trace is required when kind=trace")
-        if self.kind == "requests" and (self.requests is None) == (self.requests_csv is None):
-            raise ValueError("workload: kind=requests needs exactly one of requests and requests_csv")
-        if self.kind != "requests" and (self.requests is not None or self.requests_csv is not None):
-            raise ValueError(f"workload.requests: only for kind=requests, not kind={self.kind}")
-        if self.rate is None and self.uses_rate():
-            raise ValueError(f"workload.rate is required for kind={self.kind}")
-        if self.min_prompt_tokens > self.max_prompt_tokens:
-            raise ValueError("workload.min_prompt_tokens is larger than max_prompt_tokens")
-        if self.requests is not None and len(self.requests) != self.num_warmup + self.num_requests:
-            raise ValueError(f"workload.requests: {len(self.requests)} rows, but num_warmup + num_requests = "
-                             f"{self.num_warmup + self.num_requests}")
-        return self
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler):
-        """Dumps leave ``prompt_source`` out at its default, so every config written before the field existed
-        (trace metadata, derived-experiment names) dumps exactly as before."""
-        d = handler(self)
-        if isinstance(d, dict) and d.get("prompt_source") == "mooncake-conversation":
-            d.pop("prompt_source")
-        return d
-
-    def uses_rate(self) -> bool:
-        """Whether arrivals depend on ``rate`` (Poisson arrivals, or a trace time-scaled to it)."""
-        if self.kind == "requests":
-            return False
-        return not (self.kind == "trace" and self.trace is not None and self.trace.timing == "native")
-
-    def longest_prompt(self) -> int:
-        """The longest prompt (tokens) this workload can produce after clipping."""
-        hi = self.max_prompt_tokens
-        if self.kind == "fixed" and self.prompt_tokens is not None:
-            hi = max(self.min_prompt_tokens, min(self.prompt_tokens, hi))
-        if self.kind == "trace" and self.trace is not None:
-            hi = min(hi, self.trace.max_prompt_tokens)
-        return hi
 
 
 class PolicyConfig(_Strict):

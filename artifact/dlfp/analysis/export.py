@@ -14,7 +14,10 @@ default. Percentiles written: 50, 90 and 99 (vLLM's
 ``--metric-percentiles 50,90,99``) for ttft, tpot, itl and e2el (vLLM's
 ``--percentile-metrics ttft,tpot,itl,e2el``). ``duration`` is the first
 measured arrival to the last measured token (``metrics.summarize``'s
-``duration_s``); ``start_times`` are arrival times on the trial's clock.
+``duration_s``); ``start_times`` are arrival times on the trial's clock (in a closed loop the
+send times, as bench serve's). ``request_rate``, ``burstiness`` and
+``max_concurrency`` describe the workload as bench serve's flags would
+(``traffic_fields``).
 ``generated_texts`` are empty (the modelled backends produce token ids, no
 text). ``date`` is when the trial was written (its ``metadata.json``), so
 the same trial exports the same bytes.
@@ -100,11 +103,25 @@ def _setup(trial: Trial, date: str) -> dict[str, Any]:
         "model_id": model,
         "tokenizer_id": model,
         "num_prompts": int(len(trial.measured_requests)),
-        "request_rate": _num(wl.get("rate")),
-        # vLLM's gamma shape: 1.0 = Poisson arrivals; a replayed trace has no such parameter
-        "burstiness": 1.0 if wl.get("kind") in ("agent", "fixed") else None,
-        "max_concurrency": None,
+        **traffic_fields(wl),
     }
+
+
+def traffic_fields(wl: dict) -> dict[str, Any]:
+    """bench serve's traffic fields of a recorded workload config ``wl`` (``metadata["config"]["workload"]``).
+
+    As vLLM 0.17.1's ``vllm/benchmarks/serve.py`` (``main_async``) writes them: ``request_rate`` is the rate
+    (requests/s) or the string ``"inf"`` (a burst, or a closed loop without a rate: ``--request-rate inf``);
+    ``burstiness`` the gamma shape of the arrival gaps (1.0 = Poisson, bench serve's default, written also at
+    ``inf``); ``max_concurrency`` the closed loop's clients, else ``None``. A replayed trace or a request list
+    has no rate or shape of bench serve's: ``None``.
+    """
+    kind = wl.get("kind", "agent")
+    load = kind in ("closed_loop", "burst")
+    rate = "inf" if load and wl.get("rate") is None else _num(wl.get("rate"))
+    return {"request_rate": rate,
+            "burstiness": 1.0 if kind in ("agent", "fixed") or load else None,
+            "max_concurrency": int(wl["concurrency"]) if kind == "closed_loop" else None}
 
 
 def export_bench_serve(trial_or_dir: Trial | str | Path) -> dict[str, Any]:
@@ -178,4 +195,4 @@ def main_export(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["BENCH_METRICS", "BENCH_PERCENTILES", "FORMATS", "export_bench_serve", "main_export"]
+__all__ = ["BENCH_METRICS", "BENCH_PERCENTILES", "FORMATS", "export_bench_serve", "main_export", "traffic_fields"]

@@ -1,15 +1,17 @@
-"""The open-loop trial harness shared by the two real-engine backends, ``vllm`` and ``emu``.
+"""The trial harness shared by the two real-engine backends, ``vllm`` and ``emu``.
 
 Both start an ``AsyncLLM`` whose scheduler is ``SCHEDULER_CLS`` (the DLFP scheduler running the arm's policy),
-replay the seed's workload open-loop (each request is sent at its Poisson arrival time whether or not earlier
-ones finished), stream every request in ``DELTA`` mode, stamp each token on arrival at the client, then read
-back the scheduler's per-iteration log. They differ only in the engine they start (the real model executor or
-``EmuExecutor``) and in what they add to the trial (measured or modelled energy, the emulated device's log).
+replay the seed's workload (open loop: each request is sent at its arrival time whether or not earlier ones
+finished; closed loop: through ``ClientSlots``, as ``vllm bench serve --max-concurrency``), stream every request
+in ``DELTA`` mode, stamp each token on arrival at the client, then read back the scheduler's per-iteration log.
+They differ only in the engine they start (the real model executor or ``EmuExecutor``) and in what they add to
+the trial (measured or modelled energy, the emulated device's log).
 
 One trial, in order:
 
 1. ``trial_log_path`` + ``use_scheduler_log``: a log file unique to the trial, named to the engine core;
-2. ``run_engine``: start the engine, ``drive_open_loop``, shut the engine down (errors name the trial);
+2. ``run_engine``: start the engine, ``drive_open_loop`` (either loop), shut the engine down (errors name the
+   trial);
 3. ``wait_for_log_end``, ``iterations_from_log``, ``requests_frame``, ``tokens_frame``: the trial's frames;
 4. ``engine_metadata`` and ``trial_metadata``: its ``metadata.json``.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import deque
 import os
 import platform
 import time
@@ -135,13 +138,50 @@ def sampling_params(max_tokens: int):
                           output_kind=RequestOutputKind.DELTA)
 
 
-async def drive_open_loop(engine, wl, progress: ProgressFn | None, warmup: bool) -> tuple[dict[str, dict], float]:
-    """Replay workload ``wl`` open-loop against ``engine`` (an ``AsyncLLM``); returns ``(results, t0)``.
+class ClientSlots:
+    """The ``concurrency`` client slots of a closed loop: ``vllm bench serve --max-concurrency``.
 
+    vLLM 0.17.1, ``vllm/benchmarks/serve.py``, ``benchmark``: ``limited_request_func`` holds an
+    ``asyncio.Semaphore(max_concurrency)`` from before the request is sent until the request function returns,
+    after the response stream's last chunk. Waiters acquire first come, first served (as ``asyncio.Semaphore``
+    wakes them); this class makes that order explicit and also tells each acquirer when its slot was freed, so
+    the client's send lag can be measured from ``max(release, freed)``.
+    """
+
+    def __init__(self, concurrency: int):
+        self._free: deque[float] = deque([0.0] * concurrency)  # when each free slot was freed (s, trial clock)
+        self._waiters: deque[asyncio.Future] = deque()
+
+    async def acquire(self) -> float:
+        """Wait for a slot (first come, first served); returns when it was freed (s; 0.0 = free from the start)."""
+        if self._free and not self._waiters:
+            return self._free.popleft()
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return await fut
+
+    def release(self, now: float) -> None:
+        """Free a slot at ``now`` (s): the longest waiter gets it, else it waits for the next acquirer."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(now)
+                return
+        self._free.append(now)
+
+
+async def drive_open_loop(engine, wl, progress: ProgressFn | None, warmup: bool) -> tuple[dict[str, dict], float]:
+    """Replay workload ``wl`` against ``engine`` (an ``AsyncLLM``); returns ``(results, t0)``.
+
+    Open loop (``wl.concurrency`` is ``None``): each request is sent at its ``arrival_s``. Closed loop: each is
+    released at its ``arrival_s``, then holds one of ``wl.concurrency`` ``ClientSlots`` from before it is sent
+    until its stream has ended (its last token received), as ``vllm bench serve --max-concurrency``.
     With ``warmup`` the warm-up request (``WARMUP_PROMPT``) runs alone first. ``t0`` is the
     ``time.monotonic()`` of the trial start, taken after it. ``results[request_id]`` holds ``ids`` (generated
-    token ids), ``times`` (their arrival at the client, seconds from ``t0``), ``finished`` and ``sent`` (when the
-    request was sent, seconds from ``t0``). ``progress(done, total)`` is called as requests finish.
+    token ids), ``times`` (their arrival at the client, seconds from ``t0``), ``finished``, ``sent`` (when the
+    request was sent, seconds from ``t0``) and ``due`` (when it could have been sent: its arrival, or in a closed
+    loop the later of its release and the time its slot was freed). ``progress(done, total)`` is called as
+    requests finish.
     """
     if warmup:
         prompt = {"prompt_token_ids": list(WARMUP_PROMPT)}
@@ -152,22 +192,29 @@ async def drive_open_loop(engine, wl, progress: ProgressFn | None, warmup: bool)
     results: dict[str, dict] = {}
     t0 = time.monotonic()
 
+    slots = ClientSlots(wl.concurrency) if getattr(wl, "concurrency", None) is not None else None
+
     async def one(spec) -> None:
         delay = t0 + spec.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        sent = time.monotonic() - t0
-        ids: list[int] = []
-        times: list[float] = []
-        finished = False
-        async for out in engine.generate({"prompt_token_ids": spec.prompt_token_ids.tolist()},
-                                         sampling_params(spec.output_tokens), spec.request_id):
-            now = time.monotonic() - t0
-            new = out.outputs[0].token_ids
-            ids.extend(new)
-            times.extend([now] * len(new))
-            finished = out.finished
-        results[spec.request_id] = {"ids": ids, "times": times, "finished": finished, "sent": sent}
+        due = spec.arrival_s if slots is None else max(spec.arrival_s, await slots.acquire())
+        try:
+            sent = time.monotonic() - t0
+            ids: list[int] = []
+            times: list[float] = []
+            finished = False
+            async for out in engine.generate({"prompt_token_ids": spec.prompt_token_ids.tolist()},
+                                             sampling_params(spec.output_tokens), spec.request_id):
+                now = time.monotonic() - t0
+                new = out.outputs[0].token_ids
+                ids.extend(new)
+                times.extend([now] * len(new))
+                finished = out.finished
+        finally:
+            if slots is not None:
+                slots.release(time.monotonic() - t0)
+        results[spec.request_id] = {"ids": ids, "times": times, "finished": finished, "sent": sent, "due": due}
         done[0] += 1
         if progress is not None:
             progress(done[0], total)
@@ -223,9 +270,12 @@ def run_engine(start_engine: Callable[[], Any], wl, *, where: str, progress: Pro
 
 
 def requests_frame(wl, results: dict) -> pd.DataFrame:
-    """The requests frame (``REQUEST_COLUMNS``): the workload's requests, ``finished`` from the client's results."""
+    """The requests frame (``REQUEST_COLUMNS``): the workload's requests, ``finished`` from the client's results;
+    in a closed loop ``arrival_s`` is when the client sent the request (bench serve's ``start_time``)."""
     rq = wl.requests_frame()
     rq["finished"] = [bool(results.get(r, {}).get("finished", False)) for r in rq["request_id"]]
+    if getattr(wl, "concurrency", None) is not None:
+        rq["arrival_s"] = [float(results.get(r, {}).get("sent", a)) for r, a in zip(rq["request_id"], rq["arrival_s"])]
     return coerce(rq, REQUEST_COLUMNS, "requests")
 
 
@@ -259,8 +309,9 @@ def token_ids_digest(tokens: pd.DataFrame) -> str:
 
 
 def max_send_lag_s(wl, results: dict) -> float:
-    """The largest delay (s) between a request's arrival time and its sending by the client; NaN if none sent."""
-    lags = [r["sent"] - s.arrival_s for s in wl.requests if (r := results.get(s.request_id))]
+    """The largest delay (s) between when a request was due (its arrival time; in a closed loop the later of its
+    release and its slot's freeing) and its sending by the client; NaN if none sent."""
+    lags = [r["sent"] - r.get("due", s.arrival_s) for s in wl.requests if (r := results.get(s.request_id))]
     return float(max(lags)) if lags else float("nan")
 
 
@@ -320,8 +371,8 @@ def trial_metadata(cfg: ExperimentConfig, arm: str, seed: int, *, backend: str, 
     }
 
 
-__all__ = ["CLOCK", "EngineRun", "LOG_END_TIMEOUT_S", "SCHEDULER_CLS", "SCHED_LOG_ENV", "WARMUP_OUTPUT_TOKENS",
-           "WARMUP_PROMPT", "WARMUP_REQUEST_ID", "drive_open_loop", "engine_metadata", "host_hardware",
-           "iterations_from_log", "log_stamp", "max_send_lag_s", "requests_frame", "run_engine", "sampling_params",
-           "token_ids_digest", "tokens_frame", "trial_log_path", "trial_metadata", "use_scheduler_log",
-           "wait_for_log_end"]
+__all__ = ["CLOCK", "ClientSlots", "EngineRun", "LOG_END_TIMEOUT_S", "SCHEDULER_CLS", "SCHED_LOG_ENV",
+           "WARMUP_OUTPUT_TOKENS", "WARMUP_PROMPT", "WARMUP_REQUEST_ID", "drive_open_loop", "engine_metadata",
+           "host_hardware", "iterations_from_log", "log_stamp", "max_send_lag_s", "requests_frame", "run_engine",
+           "sampling_params", "token_ids_digest", "tokens_frame", "trial_log_path", "trial_metadata",
+           "use_scheduler_log", "wait_for_log_end"]

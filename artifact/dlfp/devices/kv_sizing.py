@@ -140,8 +140,8 @@ def forward_peak_bytes(model: ModelSpec, tp: int, num_tokens: int) -> int:
     """Activation peak (bytes) of the profile run's forward over ``num_tokens`` tokens on one GPU.
 
     vLLM 0.17.1 runs it through the torch.compile'd model (its default; ``_dummy_run(is_profile=True)`` turns off
-    CUDA graphs, not compilation), whose Inductor code frees each buffer after its last use. The live tensors at the largest step of
-    a decoder layer, in elements per token (the residual stream ``hidden_size`` is always live):
+    CUDA graphs, not compilation), whose Inductor code frees each buffer after its last use. The live tensors at the
+    largest step of a decoder layer, in elements per token (the residual stream ``hidden_size`` is always live):
 
     * MLP gate/up matmul: residual + normed input + ``2 * intermediate/tp`` output;
     * SiluAndMul: residual + ``2 * intermediate/tp`` input + ``intermediate/tp`` output;

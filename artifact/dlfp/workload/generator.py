@@ -1,4 +1,4 @@
-"""The open-loop request workload shared by every backend (sim, emu, vllm).
+"""The request workload shared by every backend (sim, emu, vllm).
 
 ``make_workload(wl, seed)`` turns a :class:`dlfp.config.Workload` and a seed
 into a :class:`WorkloadInstance`: a tuple of :class:`RequestSpec` sorted by
@@ -38,6 +38,14 @@ Workload kinds
 * ``requests``: an explicit request list, inline (``wl.requests``: arrival_s,
   prompt_tokens, output_tokens per request) or a CSV with those columns
   (``wl.requests_csv``); taken as given: no rate, no clipping.
+
+* ``burst``: every request arrives at t = 0 (``vllm bench serve --request-rate inf``); prompt lengths as
+  ``agent`` or ``fixed`` give them (``wl.prompts``).
+* ``closed_loop``: ``wl.concurrency`` clients (``vllm bench serve --max-concurrency``). The instance's
+  arrivals are RELEASE times: the Poisson process of ``wl.rate`` (the same stream, hence the same times, as
+  ``fixed``/``agent`` at that rate) or all 0 without a rate; a backend sends request ``i`` at
+  ``max(release_i, the time a client slot frees)`` and records that send time as its arrival in the trace
+  (``dlfp.backends.sim.engine``, ``dlfp.backends.harness``). Prompt lengths as for ``burst``.
 
 With ``trace.timing: native`` a replay keeps the trace's own timestamps
 (shifted to start at 0) instead of time-scaling them to ``wl.rate``.
@@ -166,7 +174,8 @@ def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
     """Build the concrete workload for ``(wl, seed)``; deterministic.
 
     Returns ``num_warmup + num_requests`` requests sorted by arrival, warm-ups
-    first. Output lengths are ``wl.output_tokens`` (``ignore_eos``) unless a
+    first; for a closed loop the arrivals are release times and the instance's
+    ``concurrency`` its number of clients. Output lengths are ``wl.output_tokens`` (``ignore_eos``) unless a
     trace replay asks for the trace's own.
 
     Raises:
@@ -181,12 +190,16 @@ def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
     elif wl.kind == "requests":
         arrivals, lengths, outs, ids_list = request_list_parts(wl, tok_rng)
     else:
-        gaps = np.random.default_rng(ss_arr).exponential(1.0 / wl.rate, size=total)
-        arrivals = np.cumsum(gaps)
-        if wl.kind == "fixed":
+        if wl.uses_rate():
+            gaps = np.random.default_rng(ss_arr).exponential(1.0 / wl.rate, size=total)
+            arrivals = np.cumsum(gaps)
+        else:  # a burst, or a closed loop released as fast as its slots free (bench serve's --request-rate inf)
+            arrivals = np.zeros(total)
+        prompts = wl.prompt_lengths()
+        if prompts == "fixed":
             n = int(np.clip(wl.prompt_tokens, wl.min_prompt_tokens, wl.max_prompt_tokens))  # type: ignore[arg-type]
             lengths = np.full(total, n, dtype=np.int64)
-        elif wl.kind == "agent":
+        elif prompts == "agent":
             lengths = sample_agent_lengths(np.random.default_rng(ss_len), total, scale=wl.prompt_scale,
                                            lo=wl.min_prompt_tokens, hi=wl.max_prompt_tokens,
                                            source=wl.prompt_source)
@@ -202,4 +215,5 @@ def make_workload(wl: "Workload", seed: int) -> WorkloadInstance:
         ids.setflags(write=False)
         reqs.append(RequestSpec(rid, float(arrivals[i]), ids, int(outs[i]), warm))
     requests = tuple(reqs)
-    return WorkloadInstance(requests=requests, fingerprint=fingerprint(requests))
+    return WorkloadInstance(requests=requests, fingerprint=fingerprint(requests),
+                            concurrency=wl.concurrency if wl.kind == "closed_loop" else None)

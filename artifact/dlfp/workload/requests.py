@@ -66,10 +66,15 @@ class WorkloadInstance:
     ``fingerprint`` is the sha256 hex over, for every request in order, its
     prompt length, output tokens, warm-up flag, arrival time (float64) and
     prompt token ids (int64): equal fingerprints mean byte-identical workloads.
+    ``concurrency`` is the number of clients of a closed loop (``None``: open loop,
+    every request sent at its ``arrival_s``); a closed loop's ``arrival_s`` are
+    release times (``dlfp.workload.generator``). It is not part of the fingerprint,
+    which describes the requests; the experiment's config records it.
     """
 
     requests: tuple[RequestSpec, ...]
     fingerprint: str
+    concurrency: int | None = None
 
     @property
     def measured(self) -> tuple[RequestSpec, ...]:

@@ -23,6 +23,15 @@ Loops (``vllm/v1/engine/core.py``):
 Policy signals: ``host_cadence`` is observed at the next scheduler call;
 ``device_completion`` when the batch's output has been processed.
 Times are seconds from the trial start.
+
+Closed loop (``SimEngine.run(..., concurrency=N)``): the client of ``vllm bench serve --max-concurrency N``
+(vLLM 0.17.1, ``vllm/benchmarks/serve.py``, ``benchmark``: ``limited_request_func`` acquires an
+``asyncio.Semaphore(N)`` before it sends a request and releases it when the response stream has ended). Requests
+acquire in order (the semaphore is FIFO), so request ``i`` is sent at ``max(release_i, c_(i-N))``, where
+``release_i`` is its ``arrival_s`` and ``c_k`` the time the client receives the last token of the ``k``-th
+request to finish (0-based, in time order); the first ``N`` are sent at their release. The send time becomes the
+request's arrival (TTFT counts from it, as bench serve's ``start_time``) and it reaches the engine
+``HostCosts.ingest_s`` later, as an open-loop arrival does.
 """
 from __future__ import annotations
 
@@ -42,6 +51,7 @@ from dlfp.policies import base as ctl
 from dlfp.traces.format import ITERATION_COLUMNS
 
 _NAN = float("nan")
+_INF = float("inf")
 
 
 class _Iteration:
@@ -69,7 +79,7 @@ class SimResult:
     """Output of one engine run.
 
     ``token_times[i]`` lists emission times (s) of request ``i``'s tokens;
-    ``iterations`` follows ``dlfp.traces.ITERATION_COLUMNS``.
+    ``iterations`` follows ``dlfp.traces.ITERATION_COLUMNS``; ``sent`` is ``None`` for an open loop.
     """
 
     token_times: list[list[float]]
@@ -82,18 +92,26 @@ class SimResult:
     num_gpu_blocks: int
     num_schedule_calls: int
     extra: dict = field(default_factory=dict)
+    sent: list[float] | None = None  # closed loop: each request's send time (s), its arrival in the trace
 
 
 class _Run:
     """The mutable state of one ``SimEngine.run``: the host clock ``t``, the device's free time, the
     iterations executed so far, and the two halves of an engine step (``schedule`` and ``update``)."""
 
-    def __init__(self, engine: "SimEngine", reqs: list[SimRequest], progress: Callable[[int, int], None] | None):
+    def __init__(self, engine: "SimEngine", reqs: list[SimRequest], progress: Callable[[int, int], None] | None,
+                 concurrency: int | None = None):
         self.e = engine
         self.reqs = reqs
         self.progress = progress
         self.n = self.unfinished = len(reqs)
         self.vis = [r.arrival + engine.host.ingest_s for r in reqs]  # visible to the engine after ingest
+        self.sent: list[float] | None = None
+        if concurrency is not None:  # closed loop: only the first `concurrency` requests hold a slot at t = 0
+            self.release = [r.arrival for r in reqs]
+            self.sent = self.release[:concurrency] + [_INF] * max(0, self.n - concurrency)
+            self.vis[concurrency:] = [_INF] * max(0, self.n - concurrency)
+            self.next_send = min(concurrency, self.n)
         self.t = 0.0
         self.dev_free = 0.0
         self.next_arrival = 0
@@ -215,6 +233,8 @@ class _Run:
             if r.out >= r.M:
                 e.sched.finish(r)
                 self.unfinished -= 1
+                if self.sent is not None:
+                    self.free_slot(emit)
                 if self.progress is not None:
                     self.progress(self.n - self.unfinished, self.n)
         self.t = tend + h.engine_loop_s  # _process_engine_step's output put and _process_input_queue
@@ -223,10 +243,24 @@ class _Run:
             if not e._host_sig:
                 self.observe(b, tend)
 
+    def free_slot(self, now: float) -> None:
+        """Closed loop: a request's last token reached the client at ``now`` (s); its slot goes to the next
+        request in order, sent at ``max(its release, now)`` and visible ``ingest_s`` later."""
+        j = self.next_send
+        if j < self.n:
+            sent = self.release[j] if self.release[j] > now else now
+            self.sent[j] = sent
+            self.reqs[j].arrival = sent  # the engine's arrival_time: when the request reached it
+            self.vis[j] = sent + self.e.host.ingest_s
+            self.next_send = j + 1
+
     # ------------------------------------------------------------------ loops
     def wait_for_next_arrival(self) -> None:
-        """Nothing can be scheduled until the next arrival; without one the engine is stuck (KV cache too small)."""
-        if self.next_arrival < self.n:
+        """Nothing can be scheduled until the next arrival; without one the engine is stuck (KV cache too small).
+
+        A closed loop's unsent request (visible at infinity) is no arrival: only a finish would send it.
+        """
+        if self.next_arrival < self.n and self.vis[self.next_arrival] != _INF:
             self.t = max(self.t, self.vis[self.next_arrival])
         elif self.unfinished > 0:
             raise RuntimeError("engine cannot schedule any request (KV cache too small?)")
@@ -364,16 +398,23 @@ class SimEngine:
         self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer,
                                              enforce_eager)
 
-    def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None) -> SimResult:
+    def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None,
+            concurrency: int | None = None) -> SimResult:
         """Simulate ``requests`` (objects with ``request_id``, ``arrival_s``, ``prompt_tokens``,
         ``output_tokens``; sorted by arrival) until all finish.
 
+        ``concurrency`` (a positive int) runs them as a closed loop of that many clients (module docstring), their
+        ``arrival_s`` being release times; ``None`` (default) sends each at its ``arrival_s`` (open loop).
+
         Raises:
+            ValueError: ``concurrency`` is not positive.
             RuntimeError: the engine cannot make progress (a configuration error upstream).
         """
+        if concurrency is not None and concurrency <= 0:
+            raise ValueError(f"field workload.concurrency: must be positive, got {concurrency}")
         reqs = [SimRequest(i, r.request_id, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                 for i, r in enumerate(requests)]
-        run = _Run(self, reqs, progress)
+        run = _Run(self, reqs, progress, concurrency)
         run.loop()
         dm, tp = self.dm, self.dm.tp
         end_s = max((r.times[-1] for r in reqs if r.times), default=run.t)
@@ -382,5 +423,5 @@ class SimEngine:
         return SimResult(token_times=[r.times for r in reqs], finished=finished,
                          iterations=_iteration_frame(run.rows, self.policy.signal), energy_j=energy,
                          busy_energy_j=run.busy_e, end_s=end_s, num_preemptions=self.sched.num_preemptions,
-                         num_gpu_blocks=self.sched.num_gpu_blocks, num_schedule_calls=run.calls,
+                         num_gpu_blocks=self.sched.num_gpu_blocks, num_schedule_calls=run.calls, sent=run.sent,
                          extra={"num_cached_tokens_hit": self.sched.num_cached_tokens_hit})

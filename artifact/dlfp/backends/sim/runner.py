@@ -197,9 +197,11 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
                     max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
                     max_model_len=cfg.max_model_len, host=host, prefix_caching=prefix_caching(cfg),
                     enforce_eager=enforce_eager(cfg))
-    res = eng.run(reqs, progress=progress)
+    res = eng.run(reqs, progress=progress, concurrency=wi.concurrency)
     rq = wi.requests_frame()
     rq["finished"] = res.finished
+    if res.sent is not None:  # closed loop: the arrival is when the client sent it (bench serve's start_time)
+        rq["arrival_s"] = res.sent
     # traces.validate wants one fingerprint for all rows (the workload's); requests_frame gives per-request ones
     rq["fingerprint"] = wi.fingerprint
     rq = coerce(rq, REQUEST_COLUMNS, "requests")

@@ -96,13 +96,17 @@ def check_config(cfg: ExperimentConfig) -> None:
     """Everything that can be refused before a trial starts: options, the device, the model's config and size.
 
     Raises:
-        ConfigError: unknown options, no CUDA for a GPU experiment, no shipped ``config.json``, tensor
+        ConfigError: unknown options, a closed-loop workload (this engine has no client, so no slot can free),
+            no CUDA for a GPU experiment, no shipped ``config.json``, tensor
             parallelism (one device only), or weights + the longest request's KV cache larger than the free device
             memory (one line with the sizes).
     """
     from dlfp.backends.torch.model import ModelTooLarge, Shape, check_fits, dtype_for, load_hf_config
 
     options(cfg)
+    if cfg.workload.kind == "closed_loop":
+        raise ConfigError(f"experiment {cfg.name!r}: field workload.kind: backend torch replays open-loop arrivals "
+                          f"only; run closed_loop on sim, emu or vllm")
     if cfg.tp != 1:
         raise ConfigError(f"experiment {cfg.name!r}: field tp: backend torch runs one device, got tp={cfg.tp}")
     dev = device_for(cfg)
