@@ -128,8 +128,9 @@ def _identity(threads: int) -> dict:
     from dlfp.hostinfo import host_key
 
     ident = {"cpu_model": "Intel(R) Xeon(R) Processor", "vector_flags": "avx2 avx512f", "mhz": None, "mhz_max": None,
-             "logical_cpus": 2, "affinity": [0, 1], "env": {"OMP_NUM_THREADS": "1"},
-             "torch": {"num_threads": threads, "num_interop_threads": 2, "cpu_capability": "AVX512"}}
+             "logical_cpus": 2, "affinity": [0, 1],
+             "env": {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "1" if threads == 1 else f"0-{threads - 1}"},
+             "torch": {"num_threads": 2, "num_interop_threads": 2, "cpu_capability": "AVX512"}}
     return {"cpu": ident["cpu_model"], "cpus": 2, "identity": ident, "host_key": host_key(ident)}
 
 
@@ -141,8 +142,8 @@ def test_a_pair_recorded_on_two_hosts_is_refused_in_one_line_naming_both(traces)
     with pytest.raises(tables.PartialTraceSet) as e:
         tables.load_traces(traces)
     msg = str(e.value)
-    assert msg.startswith(f"{cand} and {base}: recorded on different hosts (Intel(R) Xeon(R) Processor x2, torch 1 "
-                          "threads") and "torch 2 threads" in msg and "\n" not in msg
+    assert msg.startswith(f"{cand} and {base}: recorded on different hosts (Intel(R) Xeon(R) Processor x2, 1 engine "
+                          "threads") and "2 engine threads" in msg and "\n" not in msg
     assert f"`dlfp run {EXP} --backend emu --force`" in msg
 
 
