@@ -79,16 +79,22 @@ def test_without_prefix_caching_a_resumed_request_recomputes_everything():
     assert s.num_cached_tokens_hit == 0 and b.blocks == 4 and s.free_blocks == 2
 
 
-def test_eviction_takes_a_preempted_requests_tail_blocks_first():
-    """B's 3 cached blocks lose 1 to A (the tail one), so B hits 2; had nothing been taken it would hit 3."""
+def _preempted(prompt: int, out: int) -> tuple[Scheduler, SimRequest]:
+    """A scheduler whose only request B (12 tokens computed in 3 blocks, 3 blocks free) has just been preempted."""
     s = _sched(True)
-    b = SimRequest(1, "B", 0.0, 8, 20)
-    b.computed, b.out, b.blocks, b.status = 12, 5, 3, 1
+    b = SimRequest(1, "B", 0.0, prompt, 20)
+    b.computed, b.out, b.blocks, b.status = 12, out, 3, 1
     s.running.append(b)
     s.free_blocks = 3
     s.free_queue.clear()
     s.free_queue.append([None, 3])
     s._preempt(s.running.pop())
+    return s, b
+
+
+def test_eviction_takes_a_preempted_requests_tail_blocks_first():
+    """B's 3 cached blocks lose 1 to A (the tail one), so B hits 2; had nothing been taken it would hit 3."""
+    s, b = _preempted(prompt=8, out=5)
     assert b.cached_full == 3 and s._cache_hit(b) == 3  # 12 computed of 13 known: 3 whole blocks
     s._take(3)  # the never-used blocks at the head go first
     assert s._cache_hit(b) == 3
@@ -100,14 +106,7 @@ def test_eviction_takes_a_preempted_requests_tail_blocks_first():
 
 def test_a_hit_never_covers_the_last_known_token():
     """All 12 tokens of a preempted request cached in 3 whole blocks: the hit stops at (12 - 1) // 4 = 2 blocks."""
-    s = _sched(True)
-    b = SimRequest(1, "B", 0.0, 11, 20)
-    b.computed, b.out, b.blocks, b.status = 12, 1, 3, 1
-    s.running.append(b)
-    s.free_blocks = 3
-    s.free_queue.clear()
-    s.free_queue.append([None, 3])
-    s._preempt(s.running.pop())
+    s, b = _preempted(prompt=11, out=1)
     assert b.cached_full == 3 and s._cache_hit(b) == 2
 
 
