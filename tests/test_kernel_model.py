@@ -10,6 +10,7 @@ import pytest
 from dlfp.devices import roofline as cm
 from dlfp.devices.attention import AttentionModel
 from dlfp.devices.batch import Batch, scheduled_features
+from dlfp.devices.sampler import sampler_time
 from dlfp.devices.kernel_model import KernelDeviceModel
 from dlfp.devices.operators import ELEMENTWISE_OPS, GEMM_OPS, LayerShape, OperatorModel
 from dlfp.studies import device as study
@@ -37,7 +38,7 @@ def test_one_iteration_is_the_sum_of_its_kernels():
     tokens = 1002
     layer = (sum(om.gemm_time(op, tokens) for op in GEMM_OPS) + sum(om.elementwise_time(op, tokens)
              for op in ELEMENTWISE_OPS) + am.prefill_time(1000, 3000) + am.decode_time(2, 1000))
-    want = spec.num_hidden_layers * layer + om.gemm_time("lm_head", 2) + dm.a.iteration_overhead_s
+    want = spec.num_hidden_layers * layer + om.gemm_time("lm_head", 2) + sampler_time(2, gpu.hbm_bw)
     assert dm.time_batch(batch)[0] == pytest.approx(want, rel=1e-12)
 
 
@@ -51,7 +52,7 @@ def test_the_simulator_schedule_and_the_batch_give_the_same_time():
 
 def test_it_reproduces_the_studys_chunking_prediction():
     """``studies.device.chunking_table`` composes the same operators itself; our model adds only the fixed
-    per-iteration overhead."""
+    per-iteration sampler."""
     spec, gpu, dm = _models()
     table = study.chunking_table(study.ops.load_constants()).set_index("chunk_tokens")
     for chunk in (256, 2048, 8192):
@@ -62,7 +63,7 @@ def test_it_reproduces_the_studys_chunking_prediction():
             c = min(chunk, study.PROMPT - p)
             b = Batch(prefill=[(c, p)], decodes=[study.DECODE_CONTEXT] * study.N_DECODES,
                       sampled=study.N_DECODES + (i == iters - 1))
-            total += dm.time_batch(b)[0] - dm.a.iteration_overhead_s
+            total += dm.time_batch(b)[0] - sampler_time(b.sampled, gpu.hbm_bw)
         assert total * 1e3 == pytest.approx(table.loc[chunk, "after_total_ms"], rel=1e-3)
 
 

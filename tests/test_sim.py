@@ -12,7 +12,8 @@ from dlfp.backends.sim import HostCosts, SimEngine
 H = HostCosts(schedule_base_s=100e-6, schedule_per_req_s=0.0, prep_base_s=200e-6, prep_per_req_s=0.0,
               prep_per_token_s=0.0, launch_graph_s=10e-6, launch_piecewise_per_layer_s=1e-6,
               launch_eager_per_kernel_s=0.1e-6, sample_launch_s=0.0, update_base_s=50e-6, update_per_req_s=0.0,
-              frontend_output_s=0.0, ingest_s=0.0)
+              bookkeeping_base_s=0.0, bookkeeping_per_req_s=0.0, engine_loop_s=0.0, frontend_output_s=0.0,
+              ingest_s=0.0)
 
 
 @dataclass(frozen=True)

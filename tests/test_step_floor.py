@@ -60,3 +60,37 @@ def test_an_eager_trial_is_launch_bound_on_small_decodes():
     git = graph.iterations
     dec_g = git.loc[git["prefill_tokens"] == 0, "device_time_s"].median()
     assert dec_e > dec_g
+
+
+def test_sampler_points_are_the_measured_greedy_sampler():
+    """``dlfp.devices.sampler.H200_GREEDY`` is the H200 measurement (rows, microseconds to one decimal)."""
+    from dlfp.devices.sampler import H200_GREEDY
+
+    m = _measured()
+    assert [(r, round(t * 1e6, 1)) for r, t in H200_GREEDY] == [
+        (int(p), round(v, 1)) for (name, p), v in m.items() if name == "sampler_greedy"]
+
+
+def test_sampler_time_interpolates_and_scales_its_growth_by_bandwidth():
+    """Worked by hand: 40 rows on the H200 = 33.7 + (66.2 - 33.7) x 24/48 = 49.95 us; 512 rows continue the last
+    slope, 186.3 + 120.1 x 256/192 = 346.43 us; on an A100-80GB (2,039 GB/s) the 40-row growth above 33.6 us is
+    x 4800/2039: 33.6 + 16.35 x 2.35410 = 72.09 us; 0 rows cost one row."""
+    from dlfp.devices.sampler import sampler_time
+
+    assert sampler_time(40, 4800e9) == pytest.approx(49.95e-6)
+    assert sampler_time(512, 4800e9) == pytest.approx(346.4333e-6, rel=1e-6)
+    assert sampler_time(40, 2039e9) == pytest.approx(33.6e-6 + 16.35e-6 * 4800 / 2039)
+    assert sampler_time(0, 2039e9) == sampler_time(1, 2039e9) == pytest.approx(33.6e-6)
+
+
+def test_engine_loop_defaults_are_the_frozen_calibration_of_this_host():
+    """``HostCosts``' Python parts are ``dlfp calibrate``'s fit on this project's host (microseconds, two decimals)."""
+    import json
+
+    from dlfp.paths import REPO_ROOT as root
+
+    measured = json.loads((root / "data" / "host-measurements" / "engine_loop_xeon_2core.json").read_text())["host"]
+    h = HostCosts()
+    for name in ("schedule_base_s", "schedule_per_req_s", "prep_base_s", "prep_per_req_s", "prep_per_token_s",
+                 "update_base_s", "update_per_req_s", "bookkeeping_base_s", "bookkeeping_per_req_s", "engine_loop_s"):
+        assert getattr(h, name) == pytest.approx(round(measured[name] * 1e6, 2) * 1e-6, abs=1e-12), name

@@ -320,6 +320,8 @@ _delegate("map", "sweep prompt scale x rate x token budget x prompt source per p
           "and render where each claim holds", "studies.map.cli", "main_map")
 _delegate("dlfpg-dev", "rerun DLFP-G's development set (seeds 901-903, where its constants were chosen) on the "
           "simulator", "studies.controller_dev", "main_dev")
+_delegate("frontend", "measure the API server of vllm serve on this CPU (both endpoints) and fit its per-request "
+          "and per-token costs (about 3 min)", "studies.frontend.cli", "main_frontend")
 _delegate("export", "export a trial as JSON in another tool's format (vllm bench serve --save-result)",
           "analysis.export", "main_export")
 

@@ -18,13 +18,21 @@ from typing import Callable
 class HostCosts:
     """Per-step host costs of the engine loop (seconds).
 
-    * ``schedule_base_s`` 80e-6 + ``schedule_per_req_s`` 4e-6 per running/scheduled
-      request: ``Scheduler.schedule()`` is pure Python (budget loop, KV block
-      allocation, SchedulerOutput construction); tens of microseconds plus a
-      few per request is the order vLLM's own profiles show for small batches.
-    * ``prep_base_s`` 150e-6 + ``prep_per_req_s`` 3e-6 + ``prep_per_token_s`` 0.02e-6:
-      ``GPUModelRunner._prepare_inputs`` (numpy index building, H2D copies of
-      input ids, positions, slot mappings, attention metadata).
+    The engine loop's Python (``schedule``, ``prep``, ``update``, ``bookkeeping``, ``engine_loop``) is the same code on
+    the GPU and CPU paths (``Scheduler``, ``EngineCore``; ``CPUModelRunner`` subclasses ``GPUModelRunner``, so
+    ``_update_states``, ``_prepare_inputs`` and ``_bookkeeping_sync`` are shared). The defaults are therefore the
+    values ``dlfp calibrate`` fitted on the real engine of this project's 2-core Xeon VM, frozen in
+    ``data/host-measurements/engine_loop_xeon_2core.json`` (microseconds, two decimals), used unscaled for the
+    paper's host: the one comparison with a GPU server's host (a pure-Python scheduler benchmark,
+    ``data/gpu-measurements/h200/step_floor.csv``) found it no faster. Known difference: the CPU path's input
+    preparation builds the CPU attention backend's metadata and dispatches through the executor in-process, the GPU
+    path builds FlashAttention's and copies to the device asynchronously. Before the measurement they were assumed
+    (80 + 4/request, 150 + 3/request + 0.02/token, 60 + 5/request, 0, 0 us).
+
+    * ``schedule_base_s`` 99.04e-6 + ``schedule_per_req_s`` 3.59e-6 per running and scheduled request:
+      ``Scheduler.schedule()``.
+    * ``prep_base_s`` 476.33e-6 + ``prep_per_req_s`` 4.83e-6 + ``prep_per_token_s`` 0.11e-6: executor dispatch,
+      ``GPUModelRunner._update_states`` and ``_prepare_inputs``.
     * launch: ``launch_graph_s`` 7.7e-6 for a decode-only batch of at most
       ``cudagraph_max_tokens`` tokens replayed as one FULL CUDA graph;
       ``launch_piecewise_per_layer_s`` 18.7e-6 per layer for a mixed batch of at
@@ -39,42 +47,40 @@ class HostCosts:
       512 kernels 7.7 us (``graph_replay_launch``, 3.5 us for 1-64 kernels; a Qwen3 decoder stack is 300-770
       kernels); a piecewise layer = one graph replay of its pieces (3.5 us, 64 kernels) and two attention
       kernels launched eagerly (2 x 7.6 us). Before the measurement they were assumed 40, 15 and 5 us.
-    * ``sample_launch_s`` 30e-6: ``sample_tokens`` (sampler launch, async D2H copy).
-    * ``update_base_s`` 60e-6 + ``update_per_req_s`` 5e-6:
-      ``Scheduler.update_from_output`` (append tokens, stop checks, build
-      EngineCoreOutputs).
-    * ``bookkeeping_base_s`` 0 + ``bookkeeping_per_req_s`` 0: the model runner's work after the
-      sampler (``GPUModelRunner._bookkeeping_sync``, building ``ModelRunnerOutput``) and ``EngineCore.step``
-      up to ``update_from_output``. On a GPU it overlaps the next batch under async scheduling and is
-      assumed to be inside ``update_base_s`` (0 here keeps the GPU experiments' costs as they were);
-      measured on the CPU by ``dlfp calibrate``.
-    * ``engine_loop_s`` 0: the engine loop between ``update_from_output`` and the next
-      ``schedule()`` (``EngineCoreProc._process_engine_step`` putting the outputs on the output queue,
-      ``_process_input_queue``). Assumed inside ``update_base_s`` on GPUs (0); measured on the CPU.
-    * ``frontend_output_s`` 300e-6: EngineCore output thread -> ZMQ -> AsyncLLM
-      output handler -> client stream; runs in other threads/processes, so it
-      delays token emission but not the engine loop.
-    * ``ingest_s`` 200e-6: a request's way from the client through AsyncLLM to the
-      EngineCore input queue (prompt given as token ids, no tokenisation).
+    * ``sample_launch_s`` 30e-6: ``sample_tokens`` (sampler launch, async D2H copy); assumed, and consistent with
+      the 33.6 us a one-row greedy sample took end to end on the H200 (launch-bound, ``sampler_greedy``).
+    * ``update_base_s`` 77.76e-6 + ``update_per_req_s`` 5.26e-6: ``Scheduler.update_from_output`` (append tokens,
+      stop checks, build EngineCoreOutputs).
+    * ``bookkeeping_base_s`` 280.21e-6 + ``bookkeeping_per_req_s`` 6.54e-6: the model runner's work after the
+      sampler (``GPUModelRunner._bookkeeping_sync``, building ``ModelRunnerOutput``) and ``EngineCore.step`` up to
+      ``update_from_output``.
+    * ``engine_loop_s`` 129.01e-6: the engine loop between ``update_from_output`` and the next ``schedule()``
+      (``EngineCoreProc._process_engine_step`` putting the outputs on the output queue, ``_process_input_queue``).
+    * ``frontend_output_s`` 522.68e-6: EngineCore output thread -> ZMQ -> the API server's output handler, outside
+      the handler's own work (``dlfp.devices.frontend``); delays token emission but not the engine loop.
+    * ``ingest_s`` 258.34e-6: from the API server's ``add_request`` through ZMQ to the EngineCore input queue.
+      Both fitted by ``dlfp frontend`` on the real ``vllm serve`` of this project's CPU
+      (``data/results/frontend/frontend.md``: their sum from token-id requests one at a time, split as ``dlfp
+      calibrate`` measured them without HTTP); before, 300 and 200 us were assumed.
     """
 
-    schedule_base_s: float = 80e-6
-    schedule_per_req_s: float = 4e-6
-    prep_base_s: float = 150e-6
-    prep_per_req_s: float = 3e-6
-    prep_per_token_s: float = 0.02e-6
+    schedule_base_s: float = 99.04e-6
+    schedule_per_req_s: float = 3.59e-6
+    prep_base_s: float = 476.33e-6
+    prep_per_req_s: float = 4.83e-6
+    prep_per_token_s: float = 0.11e-6
     launch_graph_s: float = 7.7e-6
     launch_piecewise_per_layer_s: float = 18.7e-6
     launch_eager_per_kernel_s: float = 7.6e-6
     cudagraph_max_tokens: int = 512
     sample_launch_s: float = 30e-6
-    update_base_s: float = 60e-6
-    update_per_req_s: float = 5e-6
-    bookkeeping_base_s: float = 0.0
-    bookkeeping_per_req_s: float = 0.0
-    engine_loop_s: float = 0.0
-    frontend_output_s: float = 300e-6
-    ingest_s: float = 200e-6
+    update_base_s: float = 77.76e-6
+    update_per_req_s: float = 5.26e-6
+    bookkeeping_base_s: float = 280.21e-6
+    bookkeeping_per_req_s: float = 6.54e-6
+    engine_loop_s: float = 129.01e-6
+    frontend_output_s: float = 522.68e-6
+    ingest_s: float = 258.34e-6
 
     def __post_init__(self) -> None:
         for f in fields(self):

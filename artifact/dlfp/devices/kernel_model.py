@@ -5,7 +5,7 @@ adds up the kernels of every decoder layer, each costed by the operator models t
 GPU operator times (``dlfp.devices.operators``, error tables in ``data/results/device/``):
 
     t = layers x (4 projection GEMMs + 5 elementwise kernels + attention + 2 all-reduces if TP > 1)
-        + LM head GEMM over the sampled rows + ``iteration_overhead_s``
+        + LM head GEMM over the sampled rows + the sampler over them
 
 * projections and elementwise kernels at the batch's token count (``OperatorModel.gemm_time`` /
   ``elementwise_time``: a fixed launch time, tile quantisation and a smooth roofline blend; fitted on A100
@@ -13,7 +13,8 @@ GPU operator times (``dlfp.devices.operators``, error tables in ``data/results/d
 * attention (``dlfp.devices.attention``, a model prediction): every prefill chunk re-reads its KV prefix,
   its (query block x head) tiles are spread over the SMs, the decodes use split-KV at their mean context;
 * all-reduce of ``tokens x hidden x dtype_bytes`` after attention and after the MLP (ring over NVLink);
-* ``iteration_overhead_s`` (embedding, final norm, sampler; ``DeviceAssumptions``).
+* the sampler (``dlfp.devices.sampler``: greedy sampling measured on an H200, by rows, its growth scaled by HBM
+  bandwidth).
 
 Small chunks therefore cost more per token than large ones (fixed kernel times, partial waves, KV re-reads):
 the chunking cost the roofline cannot see. Per-token parts are cached by token count, attention by chunk.
@@ -30,6 +31,7 @@ from dlfp.devices.attention import AttentionModel
 from dlfp.devices.batch import Batch, batch_counts
 from dlfp.devices.operators import ELEMENTWISE_OPS, GEMM_OPS, LayerShape, OperatorModel, blend, load_constants
 from dlfp.devices.roofline import Breakdown, DeviceAssumptions, DeviceModel
+from dlfp.devices.sampler import sampler_time
 from dlfp.devices.specs import GPUSpec, ModelSpec
 
 
@@ -60,6 +62,7 @@ class KernelDeviceModel(DeviceModel):
         self._prefill = lru_cache(maxsize=None)(lambda c, p: self.att.prefill_time(c, p, self.tp))
         self._decode_compute = lru_cache(maxsize=None)(lambda d, n: self.att.decode_compute_time(d, n, self.tp))
         self._kv_bytes_tok = self.att.kv_bytes_per_token(tp)
+        self._sampler = lru_cache(maxsize=None)(lambda n: sampler_time(n, gpu.hbm_bw))
 
     def _per_token_uncached(self, tokens: int) -> float:
         """One layer's projections, elementwise kernels and all-reduces at ``tokens`` rows (s)."""
@@ -72,8 +75,7 @@ class KernelDeviceModel(DeviceModel):
 
     def _total(self, tokens: int, sampled: int, attn_pairs: float, kv_read_tokens: float,
                attention_s: float) -> tuple[float, float]:
-        total = (self.layers * (self._per_token(tokens) + attention_s) + self._head(sampled)
-                 + self.a.iteration_overhead_s)
+        total = self.layers * (self._per_token(tokens) + attention_s) + self._head(sampled) + self._sampler(sampled)
         lin_flops = self.lin_flops_tok * tokens + self.head_flops_tok * sampled
         ideal = ((lin_flops + self.attn_flops_pair * attn_pairs) / self.gpu.peak_flops
                  + (self.weight_bytes + self.act_bytes_tok * tokens + self.kv_bytes_tok * (kv_read_tokens + tokens))
@@ -129,8 +131,8 @@ class KernelDeviceModel(DeviceModel):
         total, util = self.time_batch(batch)
         ar = 2 * self.ops.allreduce_time(tokens * self._ar_bytes_tok, self.tp) if self.tp > 1 else 0.0
         att = self.layers * self._attention(batch.prefill, len(batch.decodes), float(sum(batch.decodes)))
-        linear = total - att - self.layers * ar - self.a.iteration_overhead_s
+        linear = total - att - self.layers * ar - self._sampler(sampled)
         flops = self.lin_flops_tok * tokens + self.head_flops_tok * sampled + self.attn_flops_pair * pairs
         nbytes = self.weight_bytes + self.act_bytes_tok * tokens + self.kv_bytes_tok * (kv + tokens)
-        return Breakdown(linear, att, self.layers * ar, self.a.iteration_overhead_s, total, util,
+        return Breakdown(linear, att, self.layers * ar, self._sampler(sampled), total, util,
                          total * self.power_w(util) * self.tp, flops, nbytes)

@@ -72,8 +72,8 @@ class DeviceAssumptions:
       nccl-tests for <= 1 MB).
     * ``device_model`` ``"kernel"``: which model times an iteration on a datasheet GPU: ``"kernel"``
       (``dlfp.devices.kernel_model``, kernels costed by operator models held against measured GPU operator
-      times) or ``"roofline"`` (this module's per-part roofline). Only ``iteration_overhead_s`` of the fields
-      above is used by the kernel model.
+      times) or ``"roofline"`` (this module's per-part roofline). None of the fields above is used by the kernel
+      model, which costs the sampler from its measurement (``dlfp.devices.sampler``).
     """
 
     linear_flops_eff: float = 0.70

@@ -45,6 +45,7 @@ import pandas as pd
 
 from dlfp.backends.sim.scheduler import FINISHED, Scheduler, SimRequest
 from dlfp.devices.batch import chunk_pairs, scheduled_features
+from dlfp.devices.frontend import FrontEnd, FrontendCosts
 from dlfp.devices.host import HostCosts
 from dlfp.devices.roofline import DeviceModel
 from dlfp.policies import base as ctl
@@ -105,11 +106,15 @@ class _Run:
         self.reqs = reqs
         self.progress = progress
         self.n = self.unfinished = len(reqs)
-        self.vis = [r.arrival + engine.host.ingest_s for r in reqs]  # visible to the engine after ingest
+        self.fe = engine.frontend()  # None: no API server, a request is visible ``ingest_s`` after it is sent
+        self.vis = [r.arrival + engine.host.ingest_s for r in reqs] if self.fe is None else [_INF] * self.n
+        self.send = [r.arrival for r in reqs]  # when each request leaves the client (closed loop: once sent)
+        self.fe_next = 0  # the first request the front end has not taken yet
         self.sent: list[float] | None = None
         if concurrency is not None:  # closed loop: only the first `concurrency` requests hold a slot at t = 0
             self.release = [r.arrival for r in reqs]
             self.sent = self.release[:concurrency] + [_INF] * max(0, self.n - concurrency)
+            self.send = self.sent
             self.vis[concurrency:] = [_INF] * max(0, self.n - concurrency)
             self.next_send = min(concurrency, self.n)
         self.t = 0.0
@@ -149,8 +154,32 @@ class _Run:
             b.cap_after = getattr(pol, "cap", None)
 
     # ------------------------------------------------------------------ the two halves of a step
+    def frontend_until(self, t: float) -> None:
+        """The API server takes every request sent by ``t`` (s), in send order, and fixes when it reaches the engine.
+
+        Called before any output processed at or after ``t``, so the event loop serves work in arrival order.
+        """
+        fe, send, k, n = self.fe, self.send, self.fe_next, self.n
+        if fe is None:
+            return
+        while k < n and send[k] <= t:
+            self.vis[k] = fe.request(send[k], self.reqs[k].P)
+            k += 1
+        self.fe_next = k
+
+    def next_visible(self) -> float:
+        """When the next request not yet admitted reaches the engine (s; infinity for a closed loop's unsent one).
+
+        Only asked while nothing is in flight, so no output can come before that request's own front-end work.
+        """
+        a = self.next_arrival
+        if self.fe is not None and self.fe_next == a and self.send[a] != _INF:
+            self.frontend_until(self.send[a])
+        return self.vis[a]
+
     def admit(self) -> None:
         """``_process_input_queue``: every request visible by now joins the waiting queue."""
+        self.frontend_until(self.t)
         reqs, vis, a, n, t = self.reqs, self.vis, self.next_arrival, self.n, self.t
         waiting = self.e.sched.waiting
         while a < n and vis[a] <= t:
@@ -221,7 +250,12 @@ class _Run:
         n = len(b.entries)
         # the runner's bookkeeping after the sampler, then update_from_output; the outputs go to the frontend
         tend = self.t + h.bookkeeping_base_s + h.bookkeeping_per_req_s * n + h.update_base_s + h.update_per_req_s * n
-        emit = tend + h.frontend_output_s
+        if self.fe is None:
+            emit = tend + h.frontend_output_s
+        else:  # the API server's output handler takes this output after the requests sent before it
+            self.frontend_until(tend)
+            ntok = sum(1 for r, _k, _c, _dec, smp in b.entries if smp and r.status != FINISHED)
+            emit = self.fe.output(tend, ntok) if ntok else tend
         asy = e.async_
         for r, _k, _c, _dec, smp in b.entries:
             if r.status == FINISHED or not smp:
@@ -250,8 +284,9 @@ class _Run:
         if j < self.n:
             sent = self.release[j] if self.release[j] > now else now
             self.sent[j] = sent
-            self.reqs[j].arrival = sent  # the engine's arrival_time: when the request reached it
-            self.vis[j] = sent + self.e.host.ingest_s
+            self.reqs[j].arrival = sent  # the client's send time: TTFT counts from it
+            if self.fe is None:
+                self.vis[j] = sent + self.e.host.ingest_s
             self.next_send = j + 1
 
     # ------------------------------------------------------------------ loops
@@ -260,7 +295,7 @@ class _Run:
 
         A closed loop's unsent request (visible at infinity) is no arrival: only a finish would send it.
         """
-        if self.next_arrival < self.n and self.vis[self.next_arrival] != _INF:
+        if self.next_arrival < self.n and self.next_visible() != _INF:
             self.t = max(self.t, self.vis[self.next_arrival])
         elif self.unfinished > 0:
             raise RuntimeError("engine cannot schedule any request (KV cache too small?)")
@@ -309,10 +344,10 @@ class _Run:
             if not sched.has_requests() and not queue:  # idle: block until the next arrival
                 if self.next_arrival >= self.n:
                     raise RuntimeError("engine idle with unfinished requests (internal error)")
-                if self.vis[self.next_arrival] > self.t:
+                if self.next_visible() > self.t:
                     self.t = self.vis[self.next_arrival]
             a = self.next_arrival
-            if a < self.n and self.vis[a] <= self.t:  # an arrival is due: _process_input_queue
+            if a < self.n and (self.vis[a] <= self.t or self.fe_next == a):  # an arrival may be due
                 self.admit()
             if step is None:
                 self.sync_step()
@@ -370,6 +405,9 @@ class SimEngine:
         prefix_caching: a preempted request hits its own blocks still cached when it resumes
             (``dlfp.backends.sim.scheduler``); off by default, as a caller with a real KV pool needs.
         enforce_eager: no CUDA graphs, every batch's kernels launched one by one (``HostCosts.launch_rule``).
+        frontend: the API server's costs (``dlfp.devices.frontend``); ``None`` or all zero: no API server, a request
+            reaches the engine ``host.ingest_s`` after it is sent and a token the client ``host.frontend_output_s``
+            after its output is processed.
 
     Raises:
         ValueError: bad scheduling mode, non-positive limits or an unknown policy signal.
@@ -378,7 +416,7 @@ class SimEngine:
     def __init__(self, device: DeviceModel, policy, *, scheduling: str = "async", max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, block_size: int = 16, num_gpu_blocks: int, max_model_len: int = 40960,
                  host: HostCosts | None = None, max_steps: int = 50_000_000, prefix_caching: bool = False,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, frontend: FrontendCosts | None = None):
         check_engine_args(policy, scheduling, max_num_batched_tokens=max_num_batched_tokens,
                           max_num_seqs=max_num_seqs, block_size=block_size, num_gpu_blocks=num_gpu_blocks)
         self.dm = device
@@ -397,6 +435,13 @@ class SimEngine:
         self._power = device.power_w
         self._launch = self.host.launch_rule(device.model.num_hidden_layers, device.a.kernels_per_layer,
                                              enforce_eager)
+        self.frontend_costs = frontend if frontend is not None and frontend.enabled else None
+
+    def frontend(self) -> FrontEnd | None:
+        """A fresh API-server queue for one run, or ``None`` without one."""
+        if self.frontend_costs is None:
+            return None
+        return FrontEnd(self.frontend_costs, self.host.ingest_s, self.host.frontend_output_s)
 
     def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None,
             concurrency: int | None = None) -> SimResult:

@@ -12,6 +12,11 @@
       num_gpu_blocks: <int>                             # force the KV-cache size (tests)
       prefix_caching: true                              # a resumed request hits its own cached blocks
                                                         # (vLLM 0.17.1's default, CacheConfig.enable_prefix_caching)
+      frontend: completions                             # the API server the client talks to: completions (text
+                                                        # prompts, as `vllm bench serve` sends them), completions_ids,
+                                                        # chat, or none (no API server, as the real-engine trials
+                                                        # here); default completions on a datasheet GPU, none on a
+                                                        # fitted CPU profile (dlfp.devices.frontend)
 
 Token ids are deterministic and identical in every arm: id = splitmix64(h(request_id) + index) mod vocab_size,
 with h = the first 8 bytes of blake2b(request_id). Token time = when output processing of the iteration that
@@ -29,6 +34,7 @@ from dlfp.devices import roofline as cm
 from dlfp.config import ConfigError, ExperimentConfig, build_policy
 from dlfp.policies.base import reason_runs
 from dlfp.backends.sim import HostCosts, SimEngine
+from dlfp.devices.frontend import FrontendCosts, frontend_costs
 from dlfp.traces.format import (FORMAT_VERSION, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce, git_commit,
                                package_versions)
 from dlfp.traces.token_ids import token_ids
@@ -39,7 +45,7 @@ def _provenance() -> tuple[dict, str]:
     return package_versions(), git_commit()
 
 
-_OPTION_KEYS = {"host", "device", "reserve_gib", "num_gpu_blocks", "prefix_caching"}
+_OPTION_KEYS = {"host", "device", "reserve_gib", "num_gpu_blocks", "prefix_caching", "frontend"}
 _DEVICE_MODELS: dict[tuple, cm.DeviceModel] = {}
 
 
@@ -79,6 +85,22 @@ def prefix_caching(cfg: ExperimentConfig) -> bool:
     return v
 
 
+def frontend(cfg: ExperimentConfig, gpu) -> FrontendCosts:
+    """The API server's costs: ``backend_options.sim.frontend`` (an endpoint of ``dlfp.devices.frontend.ENDPOINTS``),
+    by default ``completions`` on a datasheet GPU (the paper's ``vllm bench serve`` client: text prompts to
+    ``/v1/completions``, an inference from its metrics) and ``none`` on a fitted profile (``gpu.host`` set: the
+    real-engine trials it describes drive ``AsyncLLM`` without an API server).
+
+    Raises:
+        ConfigError: an unknown endpoint (naming the field and the known ones).
+    """
+    name = _sim_options(cfg).get("frontend", "none" if gpu.host else "completions")
+    try:
+        return frontend_costs(str(name))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def enforce_eager(cfg: ExperimentConfig) -> bool:
     """``backend_options.enforce_eager`` (vLLM's ``--enforce-eager``; default false, as vLLM's on a GPU).
 
@@ -104,6 +126,7 @@ def build_engine_parts(cfg: ExperimentConfig):
         gpu = cm.load_gpu(cfg.gpu)
         model.check_tp(cfg.tp)
         dev = cm.DeviceAssumptions(**(opts.get("device") or {}))
+        frontend(cfg, gpu)  # an unknown endpoint is refused before anything runs
         dm = _device_model(model, gpu, cfg.tp, dev)
         # a measured profile (kind: fitted) carries its own host costs; backend_options.sim.host overrides them
         host = HostCosts.from_dict({**(gpu.host or {}), **(opts.get("host") or {})})
@@ -193,10 +216,11 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
     reqs = wi.requests
     check_requests(cfg, reqs, blocks)
     policy = build_policy(cfg.arms[arm])
+    fe = frontend(cfg, gpu)
     eng = SimEngine(dm, policy, scheduling=cfg.scheduling, max_num_batched_tokens=cfg.max_num_batched_tokens,
                     max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size, num_gpu_blocks=blocks,
                     max_model_len=cfg.max_model_len, host=host, prefix_caching=prefix_caching(cfg),
-                    enforce_eager=enforce_eager(cfg))
+                    enforce_eager=enforce_eager(cfg), frontend=fe)
     res = eng.run(reqs, progress=progress, concurrency=wi.concurrency)
     rq = wi.requests_frame()
     rq["finished"] = res.finished
@@ -237,7 +261,7 @@ def run_trial(cfg: ExperimentConfig, arm: str, seed: int, progress: Callable[[in
                              "device time; idle_w between iterations; summed over tp GPUs, t = 0 .. last token",
                    "busy_joules": float(res.busy_energy_j), "span_s": float(res.end_s)},
         "clock": "sim",
-        "sim": {"host_costs": host.as_dict(),
+        "sim": {"host_costs": host.as_dict(), "frontend": fe.as_dict(),
                 "device_assumptions": {k: getattr(dm.a, k) for k in dm.a.__dataclass_fields__},
                 "num_gpu_blocks": blocks, "num_preemptions": res.num_preemptions,
                 "num_cached_tokens_hit": res.extra.get("num_cached_tokens_hit", 0),
