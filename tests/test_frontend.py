@@ -155,3 +155,32 @@ def test_prometheus_sums_add_label_sets_and_skip_other_samples():
             'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 3.0\nvllm:num_requests_running 2.0\n'
             'python_gc_objects_collected_total 9.0\n')
     assert serve._metric_sums(text) == {"vllm:e2e_request_latency_seconds_sum": 1.75}
+
+
+# --------------------------------------------------------------------------- what REPRODUCE.md quotes
+
+
+@pytest.mark.parametrize("name", ["frontend/frontend.md", "device/host_switch.md"])
+def test_reproduce_quotes_the_tables_verbatim(name):
+    text = (REPO_ROOT / "REPRODUCE.md").read_text()
+    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
+
+
+def test_host_switch_table_renders_from_its_trials_and_its_shipped_setting_is_the_shipped_trace(tmp_path):
+    """``host_switch.md`` regenerates byte for byte from its committed trials, and its "+ API server" row of a
+    trial equals a fresh run of that trial with the shipped configuration (the setting the traces use)."""
+    from dlfp.analysis.metrics import summarize
+    from dlfp.config import load_experiment
+    from dlfp.studies import host_switch
+
+    shipped = REPO_ROOT / "data" / "results" / "device"
+    trials = pd.read_csv(shipped / "host_switch_trials.csv")
+    host_switch.write(host_switch.table(trials), trials, tmp_path)
+    assert (tmp_path / "host_switch.md").read_text() == (shipped / "host_switch.md").read_text()
+    row = trials[(trials.experiment == "qwen3-0.6b-tp1") & (trials.setting == "+ API server")
+                 & (trials.arm == "dlfp") & (trials.seed == 801)].iloc[0]
+    fresh = summarize(sim.run_trial(load_experiment("qwen3-0.6b-tp1"), "dlfp", 801))
+    assert float(f"{fresh['itl_p99_s']:.6g}") == row.itl_p99_s
+    assert float(f"{fresh['ttft_p50_s']:.6g}") == row.ttft_p50_s
