@@ -350,6 +350,47 @@ def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.yaml"))
 
 
+#: The fields a variant may set (``resolve_variant``).
+VARIANT_KEYS = ("name", "variant_of", "description", "seeds", "keep_arms", "tags")
+
+
+def resolve_variant(data: dict, where: Path) -> dict:
+    """A variant experiment: another experiment's YAML (``variant_of``) with its own ``name``, ``description``,
+    ``seeds`` and ``tags``, only the arms in ``keep_arms`` (default all) and no fixed-cap frontier or sensitivity
+    sweep (``backend_options.frontier_caps`` and ``.sensitivity`` dropped). For more seeds of a paper experiment
+    without a second copy of its configuration.
+
+    Raises:
+        ConfigError: an unknown field, an unknown base experiment, a base that is itself a variant, an arm to keep
+            that the base lacks, or a baseline arm not kept (naming the field).
+    """
+    bad = sorted(set(data) - set(VARIANT_KEYS))
+    if bad:
+        raise ConfigError(f"{where}: field {bad[0]}: not allowed in a variant; allowed: {', '.join(VARIANT_KEYS)}")
+    base_path = experiment_file(str(data["variant_of"]))
+    if not base_path.exists():
+        raise ConfigError(f"{where}: field variant_of: unknown experiment {data['variant_of']!r}")
+    base = yaml.safe_load(base_path.read_text())
+    if not isinstance(base, dict) or "variant_of" in base:
+        raise ConfigError(f"{where}: field variant_of: {data['variant_of']!r} is itself a variant or not a mapping")
+    out = copy.deepcopy(base)
+    out.update({k: copy.deepcopy(data[k]) for k in ("name", "description", "seeds", "tags") if k in data})
+    out.setdefault("tags", [])
+    keep = data.get("keep_arms")
+    if keep is not None:
+        missing = [a for a in keep if a not in out.get("arms", {})]
+        if missing:
+            raise ConfigError(f"{where}: field keep_arms: {missing[0]!r} is not an arm of {data['variant_of']!r}")
+        if out.get("baseline_arm", "baseline") not in keep:
+            raise ConfigError(f"{where}: field keep_arms: must keep the baseline arm")
+        out["arms"] = {a: out["arms"][a] for a in keep}
+    bo = dict(out.get("backend_options") or {})
+    bo.pop("frontier_caps", None)
+    bo.pop("sensitivity", None)
+    out["backend_options"] = bo
+    return out
+
+
 def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Load and validate an experiment by name (``experiment_file``: ``experiments/<name>.yaml``) or path.
 
@@ -376,6 +417,8 @@ def load_experiment(name_or_path: str | Path, overrides: dict[str, Any] | None =
         raise ConfigError(f"experiment config {p} cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
+    if "variant_of" in data:
+        data = resolve_variant(data, p)
     cfg = _validate(data, str(p))
     if p.resolve().parent in (EXPERIMENTS_DIR.resolve(), experiment_file(p.stem).resolve().parent) \
             and cfg.name != p.stem:

@@ -6,6 +6,7 @@ same sign). Latencies are milliseconds; SLO passes are counted per trial.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,25 @@ def _coverage_messages(pubs: pd.DataFrame, traced: dict[str, list[str]]) -> list
     return messages
 
 
+#: A traced experiment ``<published experiment>-<n>seeds`` (``variant_of`` it in ``experiments/``) is the paper's
+#: configuration on more seeds: it gets the published rows of its base, but not the per-seed ones.
+SEED_VARIANT = re.compile(r"^(?P<base>.+)-(?P<n>\d+)seeds$")
+
+
+def with_seed_variants(pubs: pd.DataFrame, traced) -> pd.DataFrame:
+    """``pubs`` plus, for each traced seed variant (``SEED_VARIANT``) of a published experiment, a copy of that
+    experiment's rows under the variant's name, without the ``change_seed_*`` rows (the variant's first seeds are
+    the paper's, already compared)."""
+    extra = []
+    for exp in sorted(traced):
+        m = SEED_VARIANT.match(exp)
+        if m is None or exp in set(pubs["experiment"]) or m["base"] not in set(pubs["experiment"]):
+            continue
+        rows = pubs[(pubs["experiment"] == m["base"]) & ~pubs["arm_or_change"].str.startswith("change_seed_")]
+        extra.append(rows.assign(experiment=exp))
+    return pd.concat([pubs, *extra], ignore_index=True) if extra else pubs
+
+
 def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
                             candidate_arm: str = "dlfp") -> tuple[pd.DataFrame, list[str]]:
     """Every published number beside the reproduced one, per backend that has the experiment's traces.
@@ -359,6 +379,7 @@ def published_vs_reproduced(ts: TraceSet, published: pd.DataFrame | str | Path,
     traced: dict[str, list[str]] = {}
     for backend, exp in ts.groups():
         traced.setdefault(exp, []).append(backend)
+    pubs = with_seed_variants(pubs, traced)
     rows = []
     for _, pub in pubs.iterrows():
         exp = pub["experiment"]
@@ -456,4 +477,4 @@ def write_published_vs_reproduced(ts: TraceSet, results_dir: str | Path,
 
 __all__ = ["ARM_COUNT_FLOOR", "ARM_TOLERANCE", "BY_CONSTRUCTION", "PUBLISHED_COLUMNS", "PUBLISHED_METRICS",
            "PVR_COLUMNS", "arm_tolerance", "empty_pvr", "load_published", "published_vs_reproduced",
-           "pvr_markdown_frame", "write_published_vs_reproduced"]
+           "pvr_markdown_frame", "with_seed_variants", "write_published_vs_reproduced"]
