@@ -151,3 +151,5 @@ def test_regenerates_shipped_tables_byte_for_byte(tmp_path):
     for name in ("fitted_constants", "operator_errors", "spot_check", "chunking"):
         for ext in ("csv", "md"):
             assert (tmp_path / f"{name}.{ext}").read_bytes() == (RESULTS / f"{name}.{ext}").read_bytes(), name
+    for name in ("h100_prefill.md", "h100_profile_ratio.csv", "h100_errors.csv", "h100_speedup.csv"):
+        assert (tmp_path / name).read_bytes() == (RESULTS / name).read_bytes(), name

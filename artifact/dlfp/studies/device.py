@@ -13,7 +13,9 @@
   projection GEMMs, measured and predicted;
 * ``chunking.csv`` / ``.md``: predicted time to prefill a 16,384-token prompt in chunks alongside 16 decodes,
   Qwen3-8B on A100 (a model prediction: no measurement exists);
-* ``operators.png`` / ``.pdf``: predicted against measured per operator family, log-log.
+* ``operators.png`` / ``.pdf``: predicted against measured per operator family, log-log;
+* ``h100_prefill.md`` and its CSVs (``dlfp.studies.h100_prefill``): the H100/A100 ratio the profiles measure, the
+  error of the shared and of the H100's own constants on the H100 rows, and the modelled prefill speed-up.
 
 Units: seconds in code, milliseconds in the written tables. Writes are atomic (temporary file in the same
 directory, then ``os.replace``) and the outputs are deterministic (byte-identical on rerun).
@@ -279,6 +281,9 @@ def write_device_tables(out_dir: str | Path = DEFAULT_OUT, root: Path = PROFILES
         atomic_write(out / f"{name}.md", _md(df, name.replace("_", " "), notes[name]))
     if figure:
         _figure(comp, ar, out)
+    from dlfp.studies.h100_prefill import write_h100_tables
+
+    frames.update(write_h100_tables(out, c, root))
     return frames
 
 
