@@ -128,6 +128,13 @@ def test_yaml_holds_the_refitted_constants(fit):
         assert c.elementwise.fixed_s[k] == pytest.approx(v["fixed_s"], rel=1e-3), k
     assert c.allreduce.latency_s == pytest.approx(fit["allreduce"]["latency_s"], rel=1e-3)
     assert c.allreduce.eff_link == pytest.approx(fit["allreduce"]["eff_link"], rel=1e-3)
+    h, own = c.for_gpu("h100-sxm"), fit["gpus"]["h100-sxm"]
+    for k, v in own["gemm"].items():
+        assert getattr(h.gemm, k) == pytest.approx(v, rel=1e-3), k
+    assert h.elementwise.blend_p == pytest.approx(own["elementwise"]["blend_p"], rel=1e-3)
+    for k, v in own["elementwise"]["kernels"].items():
+        assert h.elementwise.eff_bw[k] == pytest.approx(v["eff_bw"], rel=1e-3), k
+        assert h.elementwise.fixed_s[k] == pytest.approx(v["fixed_s"], rel=1e-3), k
 
 
 def test_after_meets_target_above_512_tokens_on_fit_file(fit):
@@ -144,3 +151,5 @@ def test_regenerates_shipped_tables_byte_for_byte(tmp_path):
     for name in ("fitted_constants", "operator_errors", "spot_check", "chunking"):
         for ext in ("csv", "md"):
             assert (tmp_path / f"{name}.{ext}").read_bytes() == (RESULTS / f"{name}.{ext}").read_bytes(), name
+    for name in ("h100_prefill.md", "h100_profile_ratio.csv", "h100_errors.csv", "h100_speedup.csv"):
+        assert (tmp_path / name).read_bytes() == (RESULTS / name).read_bytes(), name

@@ -20,7 +20,8 @@ the chunk sees keys ``0 .. p + j``), on one of ``tp`` GPUs with ``n_q`` query he
   ``2 * c * n_q * head_dim * dtype_bytes``; at ``eff_memory`` of datasheet HBM bandwidth.
 * ``t = launch_s + blend(t_compute, t_memory, p)`` with ``launch_s``, ``eff_memory`` and the blend exponent of
   the projection GEMMs (``operators.yaml``, fitted on measured GEMMs: streaming reads and kernel launch are the
-  same hardware paths).
+  same hardware paths; on a GPU with its own fitted GEMM section, that GPU's). ``eff_tile`` is the A100 figure on
+  every GPU: no attention measurement of another GPU is in this artifact (on an H100 it is an assumption).
 
 Decodes (``d`` requests at context ``L``): split-KV (flash-decoding) kernel, one CTA per (request, KV head,
 split) with the query heads of a KV group packed into ``splitkv_block_m`` rows; enough splits
@@ -90,7 +91,8 @@ class AttentionModel:
 
     Args:
         shape: the layer; gpu: datasheet GPU with an SM count in the operator constants;
-        constants: operator constants (``launch_s``, ``eff_memory``, ``blend_p`` of the GEMMs are reused);
+        constants: operator constants (``launch_s``, ``eff_memory``, ``blend_p`` of the GEMMs are reused; the GPU's
+            own GEMM section where it has one, :meth:`dlfp.devices.operators.OperatorConstants.for_gpu`);
         attention: block sizes and tile efficiency.
 
     Raises:
@@ -100,7 +102,7 @@ class AttentionModel:
     def __init__(self, shape: LayerShape, gpu: GPUSpec, constants: OperatorConstants | None = None,
                  attention: AttentionConstants | None = None):
         self.shape, self.gpu = shape, gpu
-        self.c = constants or load_constants()
+        self.c = (constants or load_constants()).for_gpu(gpu.key)
         self.a = attention or load_attention_constants()
         if gpu.key not in self.c.sm_count:
             raise CostModelError(f"field gpu: no SM count for {gpu.key!r} in operator constants")

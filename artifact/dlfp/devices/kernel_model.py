@@ -9,7 +9,7 @@ GPU operator times (``dlfp.devices.operators``, error tables in ``data/results/d
 
 * projections and elementwise kernels at the batch's token count (``OperatorModel.gemm_time`` /
   ``elementwise_time``: a fixed launch time, tile quantisation and a smooth roofline blend; fitted on A100
-  Llama-3-8B and held out on the other Vidur files);
+  profiles and held out on the other Vidur files; the H100 has its own constants, fitted on its profiles);
 * attention (``dlfp.devices.attention``, a model prediction): every prefill chunk re-reads its KV prefix,
   its (query block x head) tiles are spread over the SMs, the decodes use split-KV at their mean context;
 * all-reduce of ``tokens x hidden x dtype_bytes`` after attention and after the MLP (ring over NVLink);
@@ -29,7 +29,8 @@ from functools import lru_cache
 
 from dlfp.devices.attention import AttentionModel
 from dlfp.devices.batch import Batch, batch_counts
-from dlfp.devices.operators import ELEMENTWISE_OPS, GEMM_OPS, LayerShape, OperatorModel, blend, load_constants
+from dlfp.devices.operators import (ELEMENTWISE_OPS, GEMM_OPS, LayerShape, OperatorConstants, OperatorModel,
+                                    blend, load_constants)
 from dlfp.devices.roofline import Breakdown, DeviceAssumptions, DeviceModel
 from dlfp.devices.sampler import sampler_time
 from dlfp.devices.specs import GPUSpec, ModelSpec
@@ -46,15 +47,22 @@ class KernelDeviceModel(DeviceModel):
     ``time(...)`` from aggregate counts treats the prefill tokens as one chunk; ``time_scheduled(entries,
     features)`` (the simulator) and ``time_batch(batch)`` (the emulator) see every chunk.
 
+    Constructed directly (not through ``DeviceModel``), it takes ``constants``: operator constants other than
+    ``operators.yaml``'s (e.g. without a GPU's own fitted sections, to compare), resolved per GPU as always.
+
     Raises:
         CostModelError: a model/TP combination that cannot run, or a GPU without operator constants.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None):
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, assumptions: DeviceAssumptions | None = None,
+                 constants: OperatorConstants | None = None):
         super().__init__(model, gpu, tp, assumptions)
         self.shape = LayerShape.from_model_spec(model)
-        self.ops = OperatorModel(self.shape, gpu)
-        self.att = AttentionModel(self.shape, gpu)
+        self.ops = OperatorModel(self.shape, gpu, constants)
+        self.att = AttentionModel(self.shape, gpu, constants)
         self.layers = model.num_hidden_layers
         self._ar_bytes_tok = model.hidden_size * model.dtype_bytes
         self._per_token = lru_cache(maxsize=None)(self._per_token_uncached)

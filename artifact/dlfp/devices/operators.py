@@ -28,11 +28,18 @@ Datasheet numbers (peak BF16 FLOP/s, HBM and NVLink bandwidth) come from ``dlfp/
 (:class:`dlfp.devices.roofline.GPUSpec`); SM counts, link and fitted constants from ``operators.yaml`` beside this
 module, each with its source. Fitted constants were fitted by ``dlfp.studies.device`` on the files named in
 the YAML only; the other files are held out. Units: seconds, bytes, FLOPs, tokens.
+
+The shared ``gemm`` and ``elementwise`` sections were fitted on A100 profiles and reach another GPU only through
+its datasheet peaks. A GPU whose own measured profiles exist may carry its own fitted ``gemm`` (the four fitted
+numbers; tiles and quantisation stay shared) and ``elementwise`` sections under ``gpus.<key>``;
+:meth:`OperatorConstants.for_gpu` puts them in place of the shared ones, for the operators and for the attention
+model (which reuses the GEMMs' launch time, memory efficiency and blend). Today only ``h100-sxm`` has them
+(fitted on Vidur's H100 files); every other GPU, the H200 included, uses the shared (A100) constants.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
@@ -197,7 +204,11 @@ class AllReduceConstants:
 
 @dataclass(frozen=True)
 class OperatorConstants:
-    """All constants of ``operators.yaml``: per-GPU SM counts, links, GEMM, elementwise, all-reduce."""
+    """All constants of ``operators.yaml``: per-GPU SM counts, links, GEMM, elementwise, all-reduce.
+
+    ``gpu_gemm`` / ``gpu_elementwise``: a GPU's own fitted sections by GPU key (``gpus.<key>.gemm`` /
+    ``.elementwise`` of the YAML), used in place of the shared ``gemm`` / ``elementwise`` by :meth:`for_gpu`.
+    """
 
     sm_count: Mapping[str, int]
     pcie_gbs: float
@@ -205,6 +216,22 @@ class OperatorConstants:
     gemm: GemmConstants
     elementwise: ElementwiseConstants
     allreduce: AllReduceConstants
+    gpu_gemm: Mapping[str, GemmConstants] = field(default_factory=dict)
+    gpu_elementwise: Mapping[str, ElementwiseConstants] = field(default_factory=dict)
+
+    def for_gpu(self, key: str) -> "OperatorConstants":
+        """These constants as GPU ``key`` sees them: its own ``gemm`` / ``elementwise`` in place of the shared ones.
+
+        A GPU without sections of its own gets ``self`` unchanged.
+        """
+        if key not in self.gpu_gemm and key not in self.gpu_elementwise:
+            return self
+        return replace(self, gemm=self.gpu_gemm.get(key, self.gemm),
+                       elementwise=self.gpu_elementwise.get(key, self.elementwise), gpu_gemm={}, gpu_elementwise={})
+
+    def shared_only(self) -> "OperatorConstants":
+        """These constants without any GPU's own sections (every GPU on the shared, A100-fitted ones)."""
+        return replace(self, gpu_gemm={}, gpu_elementwise={})
 
 
 def _check_positive(name: str, v) -> None:
@@ -212,36 +239,64 @@ def _check_positive(name: str, v) -> None:
         raise CostModelError(f"field {name}: must be a finite positive number, got {v!r}")
 
 
+def _gemm_section(g: Mapping, prefix: str, shared: GemmConstants | None = None) -> GemmConstants:
+    """A ``gemm`` section; a GPU's own (``shared`` given) keeps the shared tiles and quantisation."""
+    try:
+        if shared is None:
+            out = GemmConstants(eff_compute=g["eff_compute"], eff_memory=g["eff_memory"], launch_s=g["launch_s"],
+                                blend_p=g["blend_p"], tile_m=g.get("tile_m", 128), tile_n=g.get("tile_n", 128),
+                                quantisation=g.get("quantisation", "tile"))
+        else:
+            out = replace(shared, eff_compute=g["eff_compute"], eff_memory=g["eff_memory"], launch_s=g["launch_s"],
+                          blend_p=g["blend_p"])
+    except KeyError as ex:
+        raise CostModelError(f"field {prefix}.{ex.args[0]}: missing from operator constants") from None
+    if out.quantisation not in QUANTISATIONS:
+        raise CostModelError(f"field {prefix}.quantisation: {out.quantisation!r} not in {QUANTISATIONS}")
+    for n in ("eff_compute", "eff_memory", "launch_s", "blend_p", "tile_m", "tile_n"):
+        _check_positive(f"{prefix}.{n}", getattr(out, n))
+    return out
+
+
+def _elementwise_section(e: Mapping, prefix: str, shared: ElementwiseConstants | None = None) -> ElementwiseConstants:
+    """An ``elementwise`` section; a GPU's own (``shared`` given) keeps the shared kernel kinds it does not name."""
+    try:
+        kernels = e["kernels"]
+        eff = {k: v["eff_bw"] for k, v in kernels.items()}
+        fixed = {k: v["fixed_s"] for k, v in kernels.items()}
+        out = ElementwiseConstants(eff_bw={**(shared.eff_bw if shared else {}), **eff},
+                                   fixed_s={**(shared.fixed_s if shared else {}), **fixed}, blend_p=e["blend_p"])
+    except KeyError as ex:
+        raise CostModelError(f"field {prefix}.{ex.args[0]}: missing from operator constants") from None
+    for op in out.eff_bw:
+        _check_positive(f"{prefix}.kernels.{op}.eff_bw", out.eff_bw[op])
+        _check_positive(f"{prefix}.kernels.{op}.fixed_s", out.fixed_s[op])
+    _check_positive(f"{prefix}.blend_p", out.blend_p)
+    return out
+
+
 def constants_from_dict(d: Mapping) -> OperatorConstants:
-    """Constants from the mapping of ``operators.yaml``.
+    """Constants from the mapping of ``operators.yaml`` (a GPU's own ``gemm`` / ``elementwise`` under ``gpus``).
 
     Raises:
         CostModelError: a missing or non-positive field (message names it), or an unknown quantisation.
     """
     try:
-        g, e, a = d["gemm"], d["elementwise"], d["allreduce"]
-        gemm = GemmConstants(eff_compute=g["eff_compute"], eff_memory=g["eff_memory"], launch_s=g["launch_s"],
-                             blend_p=g["blend_p"], tile_m=g.get("tile_m", 128), tile_n=g.get("tile_n", 128),
-                             quantisation=g.get("quantisation", "tile"))
-        ew = ElementwiseConstants(eff_bw={k: v["eff_bw"] for k, v in e["kernels"].items()},
-                                  fixed_s={k: v["fixed_s"] for k, v in e["kernels"].items()}, blend_p=e["blend_p"])
+        g, e, a, gpus = d["gemm"], d["elementwise"], d["allreduce"], d["gpus"]
         ar = AllReduceConstants(latency_s=a["latency_s"], eff_link=a["eff_link"])
-        out = OperatorConstants(sm_count={k: v["sm_count"] for k, v in d["gpus"].items()},
-                                pcie_gbs=d["links"]["pcie4_x16_gbs"], topologies=d.get("topologies", {}),
-                                gemm=gemm, elementwise=ew, allreduce=ar)
+        sm_count = {k: v["sm_count"] for k, v in gpus.items()}
+        pcie = d["links"]["pcie4_x16_gbs"]
     except KeyError as ex:
         raise CostModelError(f"field {ex.args[0]}: missing from operator constants") from None
-    if gemm.quantisation not in QUANTISATIONS:
-        raise CostModelError(f"field gemm.quantisation: {gemm.quantisation!r} not in {QUANTISATIONS}")
-    for n in ("eff_compute", "eff_memory", "launch_s", "blend_p", "tile_m", "tile_n"):
-        _check_positive(f"gemm.{n}", getattr(gemm, n))
-    for op in ew.eff_bw:
-        _check_positive(f"elementwise.kernels.{op}.eff_bw", ew.eff_bw[op])
-        _check_positive(f"elementwise.kernels.{op}.fixed_s", ew.fixed_s[op])
-    _check_positive("elementwise.blend_p", ew.blend_p)
+    gemm = _gemm_section(g, "gemm")
+    ew = _elementwise_section(e, "elementwise")
+    gpu_gemm = {k: _gemm_section(v["gemm"], f"gpus.{k}.gemm", gemm) for k, v in gpus.items() if "gemm" in v}
+    gpu_ew = {k: _elementwise_section(v["elementwise"], f"gpus.{k}.elementwise", ew)
+              for k, v in gpus.items() if "elementwise" in v}
     _check_positive("allreduce.latency_s", ar.latency_s)
     _check_positive("allreduce.eff_link", ar.eff_link)
-    return out
+    return OperatorConstants(sm_count=sm_count, pcie_gbs=pcie, topologies=d.get("topologies", {}), gemm=gemm,
+                             elementwise=ew, allreduce=ar, gpu_gemm=gpu_gemm, gpu_elementwise=gpu_ew)
 
 
 @lru_cache(maxsize=None)
@@ -269,7 +324,8 @@ class OperatorModel:
     Args:
         shape: the layer (:class:`LayerShape`).
         gpu: datasheet GPU (``dlfp.devices.roofline.load_gpu``); its ``key`` must have an SM count in the constants.
-        constants: defaults to ``operators.yaml``.
+        constants: defaults to ``operators.yaml``; the GPU's own sections, if any, replace the shared ones
+            (:meth:`OperatorConstants.for_gpu`), so ``self.c`` holds the constants this GPU uses.
 
     Raises:
         CostModelError: a GPU without an SM count in the constants (field ``gpu``).
@@ -277,7 +333,7 @@ class OperatorModel:
 
     def __init__(self, shape: LayerShape, gpu: GPUSpec, constants: OperatorConstants | None = None):
         self.shape, self.gpu = shape, gpu
-        self.c = constants or load_constants()
+        self.c = (constants or load_constants()).for_gpu(gpu.key)
         if gpu.key not in self.c.sm_count:
             raise CostModelError(f"field gpu: no SM count for {gpu.key!r} in operator constants; "
                                  f"known: {', '.join(sorted(self.c.sm_count))}")

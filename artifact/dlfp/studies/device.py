@@ -2,8 +2,9 @@
 
 ``write_device_tables(out_dir)`` (or ``python -m dlfp.studies.device [--out DIR]``) writes:
 
-* ``fitted_constants.csv``: the constants of ``dlfp/devices/operators.yaml`` refitted here (scipy least squares
-  on ``log(predicted / measured)``), with the data each was fitted on;
+* ``fitted_constants.csv``: the constants of ``dlfp/devices/operators.yaml`` refitted by
+  ``dlfp.studies.device_fit`` (scipy least squares on ``log(predicted / measured)``), with the data each was
+  fitted on (the H100's own GEMM and elementwise sections included);
 * ``operator_errors.csv`` / ``.md``: per profile file, TP degree, operator family (projections, elementwise,
   all-reduce) and band of token count (message size for all-reduce): median and worst absolute relative error
   ``|predicted / measured - 1|`` of today's roofline (``before``: ``dlfp.devices.roofline`` with default
@@ -12,7 +13,9 @@
   projection GEMMs, measured and predicted;
 * ``chunking.csv`` / ``.md``: predicted time to prefill a 16,384-token prompt in chunks alongside 16 decodes,
   Qwen3-8B on A100 (a model prediction: no measurement exists);
-* ``operators.png`` / ``.pdf``: predicted against measured per operator family, log-log.
+* ``operators.png`` / ``.pdf``: predicted against measured per operator family, log-log;
+* ``h100_prefill.md`` and its CSVs (``dlfp.studies.h100_prefill``): the H100/A100 ratio the profiles measure, the
+  error of the shared and of the H100's own constants on the H100 rows, and the modelled prefill speed-up.
 
 Units: seconds in code, milliseconds in the written tables. Writes are atomic (temporary file in the same
 directory, then ``os.replace``) and the outputs are deterministic (byte-identical on rerun).
@@ -32,30 +35,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
-from scipy.optimize import least_squares
 
 from dlfp.analysis.figures import atomic_savefig
 from dlfp.analysis.markdown import atomic_write
 from dlfp.devices.roofline import DeviceAssumptions, load_gpu, load_model
 from dlfp.devices import attention as att
 from dlfp.devices import operators as ops
+from dlfp.studies.device_fit import (  # noqa: F401  (re-exported: the study's former names)
+    ALLREDUCE_FILE, ALLREDUCE_TOPOLOGY, AR_FIT_GPUS, COMPUTE_FILES, EW_FIT, GEMM_FIT, H100, H100_EW_FIT,
+    H100_GEMM_FIT, PROFILES, REPO, _predict, constants_from_fit, fit_allreduce, fit_constants, fit_elementwise,
+    fit_gemm, fitted_constants_frame, is_fit, load_allreduce_profile, load_compute_profile)
 
-REPO = Path(__file__).resolve().parents[3]
-PROFILES = REPO / "data" / "gpu-profiles" / "vidur"
 DEFAULT_OUT = REPO / "data" / "results" / "device"
-# profile file -> (GPU key in hardware/gpus.yaml, architecture label)
-COMPUTE_FILES = {
-    "a100/Meta-Llama-3-8B_mlp.csv": ("a100-sxm4-80gb", "Llama-3-8B"),
-    "a100/phi-2_mlp.csv": ("a100-sxm4-80gb", "phi-2"),
-    "h100/Llama-2-7b-hf_mlp.csv": ("h100-sxm", "Llama-2-7B"),
-    "h100/phi-2_mlp.csv": ("h100-sxm", "phi-2"),
-}
-ALLREDUCE_FILE = "network/a100_pairwise_nvlink_all_reduce.csv"
-ALLREDUCE_TOPOLOGY = "a100_pairwise_nvlink"
-GEMM_FIT = (("a100/Meta-Llama-3-8B_mlp.csv", 1),)
-EW_FIT = (("a100/Meta-Llama-3-8B_mlp.csv", 1), ("a100/phi-2_mlp.csv", 1))
-AR_FIT_GPUS = (2,)
 TOKEN_BANDS = ((1, 64, "1-64"), (65, 512, "65-512"), (513, 4096, "513-4,096"), (4097, 10**9, ">4,096"))
 KIB, MIB = 1024, 1024**2
 SIZE_BANDS = ((0, 64 * KIB, "<=64 KiB"), (64 * KIB + 1, MIB, "64 KiB-1 MiB"), (MIB + 1, 16 * MIB, "1-16 MiB"),
@@ -63,134 +54,6 @@ SIZE_BANDS = ((0, 64 * KIB, "<=64 KiB"), (64 * KIB + 1, MIB, "64 KiB-1 MiB"), (M
 SPOT_TOKENS = (128, 512, 1024, 2048, 4096, 8192, 16384)
 CHUNKS = (256, 512, 1024, 2048, 4096, 8192)
 PROMPT, N_DECODES, DECODE_CONTEXT = 16384, 16, 8192
-SIG = 4  # significant digits of fitted constants (as written in operators.yaml)
-
-
-def _round_sig(x: float, sig: int = SIG) -> float:
-    return float(f"{x:.{sig - 1}e}")
-
-
-def load_compute_profile(rel: str, root: Path = PROFILES) -> tuple[ops.LayerShape, pd.DataFrame]:
-    """Shape and long-form measurements of one ``*_mlp.csv``.
-
-    Returns:
-        ``(shape, frame)``; frame columns ``tp, num_tokens, op, measured_s`` (the per-row median, seconds),
-        one row per CSV row and operator present in the file (phi-2 has no ``post_attention_layernorm``).
-    """
-    d = pd.read_csv(root / rel)
-    shape = ops.LayerShape.from_csv_row(d.iloc[0], name=COMPUTE_FILES.get(rel, ("", rel))[1])
-    parts = []
-    for op in ops.GEMM_OPS + ops.ELEMENTWISE_OPS:
-        col = f"time_stats.{op}.median"
-        if col in d:
-            parts.append(pd.DataFrame({"tp": d["num_tensor_parallel_workers"].astype(int),
-                                       "num_tokens": d["num_tokens"].astype(int), "op": op,
-                                       "measured_s": d[col].astype(float) * 1e-3}))
-    return shape, pd.concat(parts, ignore_index=True)
-
-
-def load_allreduce_profile(root: Path = PROFILES) -> pd.DataFrame:
-    """All-reduce measurements: columns ``n_gpus, size_bytes, measured_s`` (median, seconds)."""
-    d = pd.read_csv(root / ALLREDUCE_FILE)
-    return pd.DataFrame({"n_gpus": d["num_workers"].astype(int), "size_bytes": d["size"].astype(np.int64),
-                         "measured_s": d["time_stats.all_reduce.median"].astype(float) * 1e-3})
-
-
-def _base_constants() -> dict:
-    return yaml.safe_load(ops.CONSTANTS_PATH.read_text())
-
-
-def _with(base: dict, **sections) -> ops.OperatorConstants:
-    d = {**base, **sections}
-    return ops.constants_from_dict(d)
-
-
-def _predict(frame: pd.DataFrame, shape: ops.LayerShape, gpu_key: str, c: ops.OperatorConstants) -> np.ndarray:
-    m = ops.OperatorModel(shape, load_gpu(gpu_key), c)
-    return np.array([m.time(op, int(n), int(tp)) for op, n, tp in zip(frame.op, frame.num_tokens, frame.tp)])
-
-
-def fit_constants(root: Path = PROFILES) -> dict:
-    """Refit the GEMM, elementwise and all-reduce constants on their fit data (see ``operators.yaml``).
-
-    Returns:
-        mapping ``section -> {name: value}`` rounded to 4 significant digits, ready to merge into the YAML dict.
-    """
-    base = _base_constants()
-    profiles = {rel: load_compute_profile(rel, root) for rel in COMPUTE_FILES}
-    # GEMMs: eff_compute, eff_memory, launch_s, blend_p on the GEMM fit rows
-    g0 = dict(base["gemm"])
-    fit_g = [(profiles[rel][0], COMPUTE_FILES[rel][0], profiles[rel][1].query("tp == @tp and op in @ops.GEMM_OPS"))
-             for rel, tp in GEMM_FIT]
-
-    def res_g(x):
-        c = _with(base, gemm={**g0, "eff_compute": x[0], "eff_memory": x[1], "launch_s": x[2] * 1e-6,
-                              "blend_p": x[3]})
-        return np.concatenate([np.log(_predict(f, s, g, c) / f.measured_s.to_numpy()) for s, g, f in fit_g])
-
-    rg = least_squares(res_g, [0.7, 0.8, 5.0, 4.0], bounds=([0.05, 0.05, 0.01, 1.0], [1.0, 1.0, 50.0, 30.0]))
-    gemm = {"eff_compute": rg.x[0], "eff_memory": rg.x[1], "launch_s": rg.x[2] * 1e-6, "blend_p": rg.x[3]}
-    # elementwise: blend_p + (eff_bw, fixed_s) per kernel kind on the elementwise fit rows
-    kinds = list(ops.KERNELS)
-    fit_e = [(profiles[rel][0], COMPUTE_FILES[rel][0],
-              profiles[rel][1].query("tp == @tp and op in @ops.ELEMENTWISE_OPS")) for rel, tp in EW_FIT]
-
-    def ew_section(x):
-        return {"blend_p": x[0], "kernels": {k: {"eff_bw": x[1 + 2 * i], "fixed_s": x[2 + 2 * i] * 1e-6}
-                                             for i, k in enumerate(kinds)}}
-
-    def res_e(x):
-        c = _with(base, elementwise=ew_section(x))
-        return np.concatenate([np.log(_predict(f, s, g, c) / f.measured_s.to_numpy()) for s, g, f in fit_e])
-
-    x0 = [2.0] + [0.5, 4.0] * len(kinds)
-    lb = [1.0] + [0.02, 0.1] * len(kinds)
-    ub = [30.0] + [1.5, 50.0] * len(kinds)
-    re = least_squares(res_e, x0, bounds=(lb, ub))
-    ew = ew_section(re.x)
-    # all-reduce: latency per ring step and link efficiency on the 2-GPU rows
-    ar = load_allreduce_profile(root).query("n_gpus in @AR_FIT_GPUS")
-    a100 = load_gpu("a100-sxm4-80gb")
-    m = ops.OperatorModel(ops.LayerShape("x", 1, 1, 1, 1, 1, True), a100, ops.load_constants())
-
-    def res_a(x):
-        c = _with(base, allreduce={"latency_s": x[0] * 1e-6, "eff_link": x[1]})
-        mm = ops.OperatorModel(m.shape, a100, c)
-        pred = np.array([mm.allreduce_time(s, n, ALLREDUCE_TOPOLOGY) for s, n in zip(ar.size_bytes, ar.n_gpus)])
-        return np.log(pred / ar.measured_s.to_numpy())
-
-    ra = least_squares(res_a, [5.0, 0.6], bounds=([0.01, 0.01], [500.0, 1.5]))
-    allreduce = {"latency_s": ra.x[0] * 1e-6, "eff_link": ra.x[1]}
-    r = _round_sig
-    return {"gemm": {k: r(v) for k, v in gemm.items()},
-            "elementwise": {"blend_p": r(ew["blend_p"]),
-                            "kernels": {k: {kk: r(vv) for kk, vv in v.items()} for k, v in ew["kernels"].items()}},
-            "allreduce": {k: r(v) for k, v in allreduce.items()}}
-
-
-def fitted_constants_frame(fit: dict) -> pd.DataFrame:
-    """The fitted constants as rows ``section, name, value, fitted_on``."""
-    rows = []
-    on_g = "; ".join(f"{f} TP={tp}" for f, tp in GEMM_FIT)
-    for k, v in fit["gemm"].items():
-        rows.append(("gemm", k, v, on_g))
-    on_e = {"rms_norm": "a100/Meta-Llama-3-8B_mlp.csv TP=1", "silu_and_mul": "a100/Meta-Llama-3-8B_mlp.csv TP=1",
-            "layer_norm": "a100/phi-2_mlp.csv TP=1", "gelu": "a100/phi-2_mlp.csv TP=1"}
-    both = "; ".join(f"{f} TP={tp}" for f, tp in EW_FIT)
-    rows.append(("elementwise", "blend_p", fit["elementwise"]["blend_p"], both))
-    for k, v in fit["elementwise"]["kernels"].items():
-        for kk, vv in v.items():
-            rows.append(("elementwise", f"{k}.{kk}", vv, on_e.get(k, both)))
-    for k, v in fit["allreduce"].items():
-        rows.append(("allreduce", k, v, f"{ALLREDUCE_FILE} n_gpus=2"))
-    return pd.DataFrame(rows, columns=["section", "name", "value", "fitted_on"])
-
-
-def constants_from_fit(fit: dict) -> ops.OperatorConstants:
-    """Operator constants of ``operators.yaml`` with the fitted sections replaced by ``fit``."""
-    base = _base_constants()
-    return _with(base, gemm={**base["gemm"], **fit["gemm"]}, elementwise=fit["elementwise"],
-                 allreduce=fit["allreduce"])
 
 
 # ---- today's roofline, per operator -------------------------------------------------------------------------
@@ -222,10 +85,7 @@ def predictions(c: ops.OperatorConstants, root: Path = PROFILES) -> tuple[pd.Dat
         f["family"] = np.where(f.op.isin(ops.GEMM_OPS), "projections", "elementwise")
         f["after_s"] = _predict(f, shape, gpu_key, c)
         f["before_s"] = [before_time(shape, gpu_key, op, n, tp) for op, n, tp in zip(f.op, f.num_tokens, f.tp)]
-        fit_g = {(x, t) for x, t in GEMM_FIT}
-        fit_e = {(x, t) for x, t in EW_FIT}
-        f["split"] = ["fit" if (rel, tp) in (fit_g if fam == "projections" else fit_e) else "held-out"
-                      for tp, fam in zip(f.tp, f.family)]
+        f["split"] = ["fit" if is_fit(rel, tp, op) else "held-out" for tp, op in zip(f.tp, f.op)]
         parts.append(f)
     comp = pd.concat(parts, ignore_index=True)
     ar = load_allreduce_profile(root)
@@ -252,7 +112,7 @@ def error_table(comp: pd.DataFrame, ar: pd.DataFrame) -> pd.DataFrame:
     rows = []
     c = comp.assign(band=[_band(n, TOKEN_BANDS) for n in comp.num_tokens])
     order = {b[2]: i for i, b in enumerate(TOKEN_BANDS)}
-    for (rel, tp, fam), g in c.groupby(["file", "tp", "family"], sort=False):
+    for (rel, tp, fam, _split), g in c.groupby(["file", "tp", "family", "split"], sort=False):
         for band, gb in sorted(g.groupby("band"), key=lambda kv: order[kv[0]]):
             eb = (gb.before_s / gb.measured_s - 1).abs()
             ea = (gb.after_s / gb.measured_s - 1).abs()
@@ -421,6 +281,9 @@ def write_device_tables(out_dir: str | Path = DEFAULT_OUT, root: Path = PROFILES
         atomic_write(out / f"{name}.md", _md(df, name.replace("_", " "), notes[name]))
     if figure:
         _figure(comp, ar, out)
+    from dlfp.studies.h100_prefill import write_h100_tables
+
+    frames.update(write_h100_tables(out, c, root))
     return frames
 
 
