@@ -186,7 +186,11 @@ def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
              "ΔP99 = paired change of the arm vs the baseline (negative = lower), mean over the seeds both "
              "backends have.",
              "r own / prev: Pearson r of the host interval with the guarded iteration's own / the previous "
-             "iteration's device time."]
+             "iteration's device time.",
+             "The emulator drives vLLM's engine through AsyncLLM in-process, with no API server; the simulator's GPU "
+             "experiments put the API server of vllm serve in front (backend_options.sim.frontend, "
+             "dlfp.devices.frontend). Their TTFTs differ by its delay, and P99 ITL where it reshapes arrivals "
+             "(0.6B: it spreads them); a like-for-like check runs the simulator with frontend: none."]
     if df.empty:
         notes.insert(0, "NO DATA: no experiment has traces on both the sim and the emu backend.")
     else:
