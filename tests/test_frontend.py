@@ -184,3 +184,15 @@ def test_host_switch_table_renders_from_its_trials_and_its_shipped_setting_is_th
     fresh = summarize(sim.run_trial(load_experiment("qwen3-0.6b-tp1"), "dlfp", 801))
     assert float(f"{fresh['itl_p99_s']:.6g}") == row.itl_p99_s
     assert float(f"{fresh['ttft_p50_s']:.6g}") == row.ttft_p50_s
+
+
+def test_the_endpoint_is_an_override_from_the_command_line():
+    """``--set backend_options.sim.frontend=...`` reaches the endpoint check although no YAML has a ``sim`` section."""
+    from dlfp.config import load_experiment
+
+    cfg = load_experiment("qwen3-0.6b-tp1", {"backend_options.sim.frontend": "chat"})
+    assert sim.frontend(cfg, sim.cm.load_gpu(cfg.gpu)) == ENDPOINTS["chat"]
+    with pytest.raises(ConfigError, match=r"backend_options\.sim\.frontend: unknown endpoint 'grpc'"):
+        sim.build_engine_parts(load_experiment("qwen3-0.6b-tp1", {"backend_options.sim.frontend": "grpc"}))
+    with pytest.raises(ConfigError, match="no field 'nope'"):
+        load_experiment("qwen3-0.6b-tp1", {"nope.sim.frontend": "chat"})

@@ -249,7 +249,9 @@ class ExperimentConfig(_Strict):
         for key, value in overrides.items():
             node = data
             parts = key.split(".")
-            for p in parts[:-1]:
+            for i, p in enumerate(parts[:-1]):
+                if isinstance(node, dict) and p not in node and i > 0 and parts[0] == "backend_options":
+                    node[p] = {}  # free-form options: a missing section is created (backend_options.sim.frontend)
                 if not isinstance(node, dict) or p not in node:
                     raise ConfigError(f"override {key!r}: no field {p!r} in experiment {self.name!r}")
                 node = node[p]

@@ -19,19 +19,15 @@ the baseline's P99 ITL and P50 TTFT (arm means). Nothing is fitted here.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dlfp.analysis.markdown import atomic_write, to_markdown
 from dlfp.analysis.stats import paired_change
 from dlfp.config import load_experiment
-from dlfp.paths import REPO_ROOT
-from dlfp.studies.model_switch import EXPERIMENTS
+from dlfp.studies.model_switch import EXPERIMENTS, study_main
 
 ASSUMED_HOST = {"schedule_base_s": 80e-6, "schedule_per_req_s": 4e-6, "prep_base_s": 150e-6, "prep_per_req_s": 3e-6,
                 "prep_per_token_s": 0.02e-6, "update_base_s": 60e-6, "update_per_req_s": 5e-6,
@@ -99,17 +95,7 @@ def write(tab: pd.DataFrame, trials: pd.DataFrame, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlfp.studies.host_switch", description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "results" / "device")
-    p.add_argument("--jobs", type=int, default=None)
-    args = p.parse_args(argv)
-    trials = run(jobs=args.jobs)
-    tab = table(trials)
-    write(tab, trials, args.out)
-    with pd.option_context("display.width", 200):
-        print(tab.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0 if np.isfinite(tab[COLUMNS[2:]].to_numpy(float)).all() else 1
+    return study_main(argv, "dlfp.studies.host_switch", __doc__.splitlines()[0], run, table, write, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -95,18 +95,25 @@ def write(tab: pd.DataFrame, trials: pd.DataFrame, out_dir: Path) -> None:
                  + "\n\n" + to_markdown(shown))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlfp.studies.model_switch", description=__doc__.splitlines()[0])
+def study_main(argv: list[str] | None, module: str, description: str, run_fn, table_fn, write_fn,
+               columns: list[str]) -> int:
+    """The command line of a side-by-side study: ``--out`` (default ``data/results/device``) and ``--jobs``; runs,
+    tabulates, writes and prints. Returns 0, or 1 when a value in ``columns[2:]`` is not finite."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     p.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "results" / "device")
     p.add_argument("--jobs", type=int, default=None)
     args = p.parse_args(argv)
-    trials = run(jobs=args.jobs)
-    tab = table(trials)
-    write(tab, trials, args.out)
+    trials = run_fn(jobs=args.jobs)
+    tab = table_fn(trials)
+    write_fn(tab, trials, args.out)
     with pd.option_context("display.width", 200):
         print(tab.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0 if np.isfinite(tab[COLUMNS[2:]].to_numpy(float)).all() else 1
+    return 0 if np.isfinite(tab[columns[2:]].to_numpy(float)).all() else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return study_main(argv, "dlfp.studies.model_switch", __doc__.splitlines()[0], run, table, write, COLUMNS)
 
 
 if __name__ == "__main__":

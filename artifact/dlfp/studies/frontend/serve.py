@@ -54,7 +54,8 @@ class Server:
         setup_run_dir(self.run_dir)
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
         pin_cpu_threads(env)
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model), "--port", str(PORT),
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+               "--port", str(PORT),
                "--load-format", "dummy", "--dtype", "float32", "--enforce-eager", "--max-model-len",
                str(self.max_model_len), "--max-num-batched-tokens", str(self.max_model_len),
                "--no-enable-prefix-caching", "--seed", "0", "--served-model-name", "tiny"]
