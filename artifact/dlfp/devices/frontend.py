@@ -27,8 +27,9 @@ real-engine trials here drive it (``AsyncLLM`` in the harness).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
+
+from dlfp.devices.host import check_non_negative_fields
 
 #: ``AsyncMicrobatchTokenizer.batch_wait_timeout_s`` (vLLM 0.17.1, ``vllm/utils/async_utils.py``).
 TOKENIZE_WINDOW_S = 0.002
@@ -60,10 +61,7 @@ class FrontendCosts:
     output_per_token_s: float = 0.0
 
     def __post_init__(self):
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"field frontend.{f.name}: must be a finite non-negative number, got {v!r}")
+        check_non_negative_fields(self, "frontend")
 
     def as_dict(self) -> dict:
         return asdict(self)

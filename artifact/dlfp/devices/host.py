@@ -14,6 +14,18 @@ from typing import Callable
 
 
 
+def check_non_negative_fields(costs, where: str) -> None:
+    """Every field of the dataclass ``costs`` is a finite non-negative number (not a bool).
+
+    Raises:
+        ValueError: naming the first bad field as ``<where>.<field>``.
+    """
+    for f in fields(costs):
+        v = getattr(costs, f.name)
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"field {where}.{f.name}: must be a finite non-negative number, got {v!r}")
+
+
 @dataclass(frozen=True)
 class HostCosts:
     """Per-step host costs of the engine loop (seconds).
@@ -83,11 +95,7 @@ class HostCosts:
     ingest_s: float = 258.34e-6
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"field backend_options.sim.host.{f.name}: must be a finite non-negative number, got "
-                                 f"{v!r}")
+        check_non_negative_fields(self, "backend_options.sim.host")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -347,8 +347,8 @@ class _Run:
                 if self.next_visible() > self.t:
                     self.t = self.vis[self.next_arrival]
             a = self.next_arrival
-            if a < self.n and (self.vis[a] <= self.t or self.fe_next == a):  # an arrival may be due
-                self.admit()
+            if a < self.n and (self.vis[a] <= self.t or (self.fe is not None and self.fe_next == a)):
+                self.admit()  # an arrival is due, or one the API server has not taken yet may be
             if step is None:
                 self.sync_step()
             else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -85,9 +84,8 @@ def main_frontend(argv: Sequence[str] | None = None) -> int:
                 tmp = Path(run) / "out"
                 measure.run(model, Path(run) / "serve", tmp)
                 out.mkdir(parents=True, exist_ok=True)
-                for name in ("requests.csv", "phases.csv"):
-                    shutil.copyfile(tmp / name, tmp / f".{name}")
-                    (tmp / f".{name}").replace(out / name)
+                for name in ("requests.csv", "phases.csv"):  # atomic in --out, whatever filesystem /tmp is on
+                    atomic_write(out / name, (tmp / name).read_text())
                 atomic_write(out / "corpus.json", json.dumps(corpus, indent=1) + "\n")
         missing = [n for n in ("requests.csv", "phases.csv", "corpus.json") if not (out / n).is_file()]
         if missing:
