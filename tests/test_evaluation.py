@@ -138,9 +138,9 @@ def test_dlfps_arms_pass_the_config_ttft_slo(name):
     arms = {a: pc for a, pc in cfg.arms.items() if pc.policy == "dlfps"}
     for a, pc in arms.items():
         assert pc.options.get("ttft_slo_s") == cfg.slo.ttft_s, f"{name}: arm {a} ttft_slo_s != slo.ttft_s"
-    if "scaled" in cfg.tags or "torch" in cfg.tags or "paper-variant" in cfg.tags:
-        # seed variants: the paper's two arms only; cpu-tiny: owned by the vLLM helper; the torch backend's GPU
-        # runs: the paper's arms and DLFP-G only
+    if "scaled" in cfg.tags or "torch" in cfg.tags or "paper-variant" in cfg.tags or "engine-only" in cfg.tags:
+        # seed variants: the paper's two arms only; variants without the API server: the emulator's arms;
+        # cpu-tiny: owned by the vLLM helper; the torch backend's GPU runs: the paper's arms and DLFP-G only
         return
     assert set(DLFPS_ARMS) <= set(arms), f"{name}: missing DLFP-S arms {set(DLFPS_ARMS) - set(arms)}"
     for a, (signal, switches) in DLFPS_ARMS.items():

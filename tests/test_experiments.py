@@ -76,6 +76,9 @@ def test_config_validates_and_is_consistent(name):
     if "paper-variant" in cfg.tags:  # more seeds of a paper experiment: its two arms only (test_seed_variants)
         assert set(cfg.arms) == {"baseline", "dlfp"}
         return
+    if "engine-only" in cfg.tags:  # the simulator beside the emulator: the emulator's arms (test_seed_variants)
+        assert set(cfg.arms) == {"baseline", "dlfp", "dlfpg"} and cfg.backend_options == {"sim": {"frontend": "none"}}
+        return
     if not {"vllm", "torch"} & set(cfg.tags):  # every simulator experiment runs DLFP-G and each of its ablations
         assert {"dlfpg", "dlfpg-no-estimate", "dlfpg-no-context", "dlfpg-no-ttft-guard",
                 "dlfpg-host-cadence"} <= set(cfg.arms)
@@ -114,8 +117,8 @@ def test_dlfp_arm_builds_the_paper_controller(name):
     # the token budget leaves room for the whole clamp (otherwise the upper caps could never bind)
     assert cfg.max_num_batched_tokens >= pol.max_cap
     # the frontier sweep spans 512..8,192 and brackets the clamp (none on the torch backend's GPU runs, nor in a
-    # paper experiment's seed variant, whose base sweeps it)
-    if "torch" in cfg.tags or "paper-variant" in cfg.tags:
+    # paper experiment's variant, whose base sweeps it)
+    if "torch" in cfg.tags or "paper-variant" in cfg.tags or "engine-only" in cfg.tags:
         return
     caps = cfg.backend_options["frontier_caps"]
     assert caps[0] == 512 and caps[-1] == 8192 and {1024, 3072, 6144} <= set(caps)

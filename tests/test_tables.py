@@ -356,7 +356,37 @@ def test_sim_vs_emu_hand_worked(sim_emu, tmp_path):
     assert cand["r_own_emu"] < 0.9 and np.isnan(base["r_own_sim"])
     tables.write_sim_vs_emu(sim_emu, tmp_path)
     md = (tmp_path / "sim_vs_emu.md").read_text()
-    assert "| qwen3-0.6b-tp1 | dlfp | 3 |" in md and "MISSED" in md and "NO DATA" not in md
+    assert "| qwen3-0.6b-tp1 | none | dlfp | 3 |" in md and "MISSED" in md and "NO DATA" not in md
+    assert set(df["sim_experiment"]) == {EXP}  # no variant without the API server traced: the experiment itself
+
+
+def test_sim_vs_emu_sets_the_emulator_beside_the_simulator_without_the_api_server(tmp_path_factory):
+    """Where the simulator has ``<experiment>-no-api-server``, the emulator's experiment is compared with it, not
+    with the experiment that has the API server: here the variant's trials are the emulator's token times, so every
+    difference is 0, while the experiment itself (20 ms shorter spikes) would miss."""
+    from dlfp.analysis.tables.sim_vs_emu import ENGINE_ONLY_SUFFIX
+    from dlfp.config import load_experiment
+    from dlfp.traces.format import Trial, write_trial
+    from test_pipeline import declare_experiment, fake_trial
+
+    root = tmp_path_factory.mktemp("simemu_engine_only")
+    cfg = load_experiment(EXP, SMALL)
+    variant = cfg.model_copy(update={"name": EXP + ENGINE_ONLY_SUFFIX})
+    declare_experiment(cfg)
+    declare_experiment(variant)
+    for seed in SEEDS:
+        for arm in cfg.arms:
+            write_trial(fake_trial(cfg, arm, seed), root)
+            emu = _emu_twin(fake_trial(cfg, arm, seed, async_lag=True))
+            write_trial(emu, root)
+            twin = fake_trial(variant, arm, seed)
+            write_trial(Trial(twin.requests, emu.tokens.copy(), twin.iterations, twin.metadata), root)
+    df = tables.sim_vs_emu(tables.load_traces(root))
+    assert list(zip(df["experiment"], df["sim_experiment"], df["arm"])) == [
+        (EXP, EXP + ENGINE_ONLY_SUFFIX, "baseline"), (EXP, EXP + ENGINE_ONLY_SUFFIX, "dlfp")]
+    assert list(df["p99_itl_rel_diff_pct"]) == [pytest.approx(0.0), pytest.approx(0.0)]
+    assert list(df["p99_itl_ms_emu"]) == [pytest.approx(np.mean([1000 * (spike_s(a, s) + EMU_EXTRA_S) for s in SEEDS]))
+                                          for a in ("baseline", "dlfp")]
 
 
 def test_sim_vs_emu_without_emu_says_so(ts, tmp_path):

@@ -353,14 +353,15 @@ def list_experiments(directory: Path = EXPERIMENTS_DIR) -> list[str]:
 
 
 #: The fields a variant may set (``resolve_variant``).
-VARIANT_KEYS = ("name", "variant_of", "description", "seeds", "keep_arms", "tags")
+VARIANT_KEYS = ("name", "variant_of", "description", "seeds", "keep_arms", "tags", "backend_options")
 
 
 def resolve_variant(data: dict, where: Path) -> dict:
     """A variant experiment: another experiment's YAML (``variant_of``) with its own ``name``, ``description``,
-    ``seeds`` and ``tags``, only the arms in ``keep_arms`` (default all) and no fixed-cap frontier or sensitivity
-    sweep (``backend_options.frontier_caps`` and ``.sensitivity`` dropped). For more seeds of a paper experiment
-    without a second copy of its configuration.
+    ``seeds`` and ``tags``, only the arms in ``keep_arms`` (default all), no fixed-cap frontier or sensitivity
+    sweep (``backend_options.frontier_caps`` and ``.sensitivity`` dropped) and its own ``backend_options`` merged
+    key by key into the base's (``{sim: {frontend: none}}`` changes that one option). For more seeds of a paper
+    experiment, or one backend option changed, without a second copy of its configuration.
 
     Raises:
         ConfigError: an unknown field, an unknown base experiment, a base that is itself a variant, an arm to keep
@@ -389,7 +390,18 @@ def resolve_variant(data: dict, where: Path) -> dict:
     bo = dict(out.get("backend_options") or {})
     bo.pop("frontier_caps", None)
     bo.pop("sensitivity", None)
-    out["backend_options"] = bo
+    own = data.get("backend_options") or {}
+    if not isinstance(own, dict):
+        raise ConfigError(f"{where}: field backend_options: must be a mapping, got {own!r}")
+    out["backend_options"] = _merged(bo, own)
+    return out
+
+
+def _merged(base: dict, own: dict) -> dict:
+    """``base`` with ``own`` merged in key by key (mappings recursively; any other value replaces)."""
+    out = copy.deepcopy(base)
+    for k, v in own.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
 
 

@@ -1,7 +1,10 @@
 """The simulator against the emulated-device backend (vLLM's real engine loop), per experiment on both.
 
 The emulated device runs vLLM's real engine loop, so it is the reference:
-differences are ``(sim / emu - 1) * 100``. Changes follow
+differences are ``(sim / emu - 1) * 100``. The emulator drives the engine
+through ``AsyncLLM`` in-process, with no API server in front; the simulator's
+side of an experiment is therefore its variant without the API server,
+``<experiment>-no-api-server`` (``ENGINE_ONLY_SUFFIX``), where that was run. Changes follow
 ``dlfp.analysis.stats`` (percent, negative = lower than the baseline).
 Latencies are milliseconds.
 """
@@ -21,8 +24,11 @@ from dlfp.analysis.tables.summaries import change_pct
 
 #: The simulator's fidelity target: its P99 ITL within 10 % of the emulated-device backend's.
 SIM_EMU_ITL_TOL = 0.10
+#: Name suffix of the simulator-only variant of an experiment without the API server (``backend_options.sim.frontend:
+#: none``; ``experiments/<experiment>-no-api-server.yaml``): the simulator's side of the comparison, like for like.
+ENGINE_ONLY_SUFFIX = "-no-api-server"
 SIM_VS_EMU_COLUMNS = [
-    "experiment", "arm", "seeds",
+    "experiment", "sim_experiment", "sim_api_server", "arm", "seeds",
     "p50_itl_ms_sim", "p50_itl_ms_emu", "p50_itl_rel_diff_pct",
     "p99_itl_ms_sim", "p99_itl_ms_emu", "p99_itl_rel_diff_pct", "p99_itl_within_10pct",
     "p99_ttft_ms_sim", "p99_ttft_ms_emu", "p99_ttft_rel_diff_pct",
@@ -59,29 +65,47 @@ def _mean_change_pct(base: pd.Series, cand: pd.Series, seeds: list) -> float:
     return change_pct(stats.paired_change(base.loc[ok].to_numpy(float), cand.loc[ok].to_numpy(float)).mean)
 
 
-def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, backends: tuple[str, str], exp: str,
+def sim_partner(ts: TraceSet, experiment: str, sim: str = "sim") -> str:
+    """The simulator experiment to set beside the emulator's ``experiment``: its variant without the API server
+    (``<experiment>-no-api-server``) when the simulator has traces of it, else ``experiment`` itself."""
+    engine_only = experiment + ENGINE_ONLY_SUFFIX
+    return engine_only if ts.select(sim, engine_only) else experiment
+
+
+def api_server_of(ts: TraceSet, backend: str, experiment: str) -> str:
+    """Whether a simulator group modelled the API server: "modelled" when its first trial recorded API-server
+    costs (``metadata.sim.frontend``), else "none"."""
+    trials = ts.select(backend, experiment)
+    fe = (trials[0].trial.metadata.get("sim") or {}).get("frontend") if trials else None
+    return "modelled" if fe else "none"
+
+
+def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, groups: tuple[tuple[str, str], tuple[str, str]],
                     arm: str, tol: float) -> dict[str, Any]:
-    """One ``sim_vs_emu`` row: levels, relative differences, effects and correlations of one shared arm."""
-    sim, emu = backends
-    base = ts.baseline_arm(sim, exp)
-    arm_rows = {backend: _arm_seeds(s, backend, exp, arm) for backend in backends}
-    seeds = sorted(set(arm_rows[sim].index) & set(arm_rows[emu].index))
-    row: dict[str, Any] = dict(experiment=exp, arm=arm, seeds=len(seeds))
+    """One ``sim_vs_emu`` row: levels, relative differences, effects and correlations of one shared arm.
+
+    ``groups``: ``((sim backend, sim experiment), (emu backend, emu experiment))``.
+    """
+    (sim, sim_exp), (emu, exp) = groups
+    base = ts.baseline_arm(emu, exp)
+    arm_rows = {g: _arm_seeds(s, *g, arm) for g in groups}
+    seeds = sorted(set(arm_rows[groups[0]].index) & set(arm_rows[groups[1]].index))
+    row: dict[str, Any] = dict(experiment=exp, sim_experiment=sim_exp, sim_api_server=api_server_of(ts, sim, sim_exp),
+                               arm=arm, seeds=len(seeds))
     for col in ("p50_itl_ms", "p99_itl_ms", "p99_ttft_ms"):
-        vs = float(arm_rows[sim].loc[seeds, col].mean()) if seeds else float("nan")
-        ve = float(arm_rows[emu].loc[seeds, col].mean()) if seeds else float("nan")
+        vs = float(arm_rows[groups[0]].loc[seeds, col].mean()) if seeds else float("nan")
+        ve = float(arm_rows[groups[1]].loc[seeds, col].mean()) if seeds else float("nan")
         row.update({f"{col}_sim": vs, f"{col}_emu": ve, f"{col[:-len('_ms')]}_rel_diff_pct": _rel_pct(ve, vs)})
     d = row["p99_itl_rel_diff_pct"]
     row["p99_itl_within_10pct"] = None if not np.isfinite(d) else bool(abs(d) <= 100 * tol + 1e-9)
     for col in ("p99_itl_ms", "p99_ttft_ms"):
         name = col[: -len("_ms")]
-        ch = {backend: float("nan") if arm == base else
-              _mean_change_pct(_arm_seeds(s, backend, exp, base)[col], arm_rows[backend][col], seeds)
-              for backend in backends}
-        row[f"{name}_change_pct_sim"], row[f"{name}_change_pct_emu"] = ch[sim], ch[emu]
-        row[f"{name}_effect_same_sign"] = None if arm == base else _same_sign(ch[sim], ch[emu])
-    for backend, suffix in ((sim, "sim"), (emu, "emu")):
-        r = rc[(rc["backend"] == backend) & (rc["experiment"] == exp) & (rc["arm"] == arm)]
+        ch = {g: float("nan") if arm == base else
+              _mean_change_pct(_arm_seeds(s, *g, base)[col], arm_rows[g][col], seeds) for g in groups}
+        row[f"{name}_change_pct_sim"], row[f"{name}_change_pct_emu"] = ch[groups[0]], ch[groups[1]]
+        row[f"{name}_effect_same_sign"] = None if arm == base else _same_sign(ch[groups[0]], ch[groups[1]])
+    for (backend, e), suffix in zip(groups, ("sim", "emu")):
+        r = rc[(rc["backend"] == backend) & (rc["experiment"] == e) & (rc["arm"] == arm)]
         row[f"r_own_{suffix}"] = float(r["r_own"].iloc[0]) if len(r) else float("nan")
         row[f"r_prev_{suffix}"] = float(r["r_prev"].iloc[0]) if len(r) else float("nan")
     return row
@@ -90,7 +114,10 @@ def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, backends: t
 def sim_vs_emu(ts: TraceSet, sim: str = "sim", emu: str = "emu", tol: float = SIM_EMU_ITL_TOL) -> pd.DataFrame:
     """Simulator against the emulated-device backend (real vLLM loop), per experiment on both, per shared arm.
 
-    Only seeds present in the arm on BOTH backends are used; every value is a
+    The emulator's ``experiment`` is set beside the simulator's ``sim_partner``
+    (its variant without the API server where traced; ``sim_experiment`` names
+    it and ``sim_api_server`` says whether the simulator modelled one). Only
+    seeds present in the arm on BOTH sides are used; every value is a
     mean over those seeds (``seeds`` counts them). ``*_rel_diff_pct`` is the
     simulator relative to the emulator, ``(sim / emu - 1) * 100`` (the emu
     runs vLLM's real engine loop, so it is the reference); the fidelity
@@ -106,10 +133,13 @@ def sim_vs_emu(ts: TraceSet, sim: str = "sim", emu: str = "emu", tol: float = SI
     s = ts.summary()
     rc = root_cause(ts)
     rows = []
-    exps = sorted({e for b, e in ts.groups() if b == sim} & {e for b, e in ts.groups() if b == emu})
-    for exp in exps:
-        shared = [a for a in ts.arms(sim, exp) if a in set(ts.arms(emu, exp))]
-        rows += [_sim_vs_emu_row(ts, s, rc, (sim, emu), exp, arm, tol) for arm in shared]
+    sims = {e for b, e in ts.groups() if b == sim}
+    for exp in sorted(e for b, e in ts.groups() if b == emu):
+        sim_exp = sim_partner(ts, exp, sim)
+        if sim_exp not in sims:
+            continue
+        shared = [a for a in ts.arms(emu, exp) if a in set(ts.arms(sim, sim_exp))]
+        rows += [_sim_vs_emu_row(ts, s, rc, ((sim, sim_exp), (emu, exp)), arm, tol) for arm in shared]
     return pd.DataFrame(rows, columns=SIM_VS_EMU_COLUMNS)
 
 
@@ -130,7 +160,8 @@ def sim_vs_emu_markdown_frame(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for _, r in df.iterrows():
         out.append({
-            "experiment": r["experiment"], "arm": r["arm"], "seeds": r["seeds"],
+            "experiment": r["experiment"], "sim API server": r["sim_api_server"], "arm": r["arm"],
+            "seeds": r["seeds"],
             "P50 ITL ms sim / emu": pair(r["p50_itl_ms_sim"], r["p50_itl_ms_emu"], ms),
             "P99 ITL ms sim / emu": pair(r["p99_itl_ms_sim"], r["p99_itl_ms_emu"], ms),
             "P99 ITL diff": pct(r["p99_itl_rel_diff_pct"]),
@@ -167,7 +198,8 @@ def device_model_note(ts: TraceSet, experiments) -> str | None:
     """A note naming the experiments whose sim and emu traces were timed by different device models."""
     differ = []
     for exp in experiments:
-        models = {b: {device_model_of(lt) for lt in ts.select(b, exp)} for b in ("sim", "emu")}
+        models = {b: {device_model_of(lt) for lt in ts.select(b, e)}
+                  for b, e in (("sim", sim_partner(ts, exp)), ("emu", exp))}
         if models["sim"] != models["emu"]:
             differ.append(f"{exp} (sim: {', '.join(sorted(models['sim']))}; emu: {', '.join(sorted(models['emu']))})")
     if not differ:
@@ -187,10 +219,10 @@ def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
              "backends have.",
              "r own / prev: Pearson r of the host interval with the guarded iteration's own / the previous "
              "iteration's device time.",
-             "The emulator drives vLLM's engine through AsyncLLM in-process, with no API server; the simulator's GPU "
-             "experiments put the API server of vllm serve in front (backend_options.sim.frontend, "
-             "dlfp.devices.frontend). Their TTFTs differ by its delay, and P99 ITL where it reshapes arrivals "
-             "(0.6B: it spreads them); a like-for-like check runs the simulator with frontend: none."]
+             "The emulator drives vLLM's engine through AsyncLLM in-process, with no API server in front. The "
+             "simulator's GPU experiments put the API server of vllm serve in front (backend_options.sim.frontend, "
+             "dlfp.devices.frontend), so each is compared here through its variant <experiment>-no-api-server "
+             "(frontend: none), like for like; sim API server says which the row used."]
     if df.empty:
         notes.insert(0, "NO DATA: no experiment has traces on both the sim and the emu backend.")
     else:
@@ -203,4 +235,5 @@ def write_sim_vs_emu(ts: TraceSet, results_dir: str | Path) -> pd.DataFrame:
     return df
 
 
-__all__ = ["SIM_EMU_ITL_TOL", "SIM_VS_EMU_COLUMNS", "sim_vs_emu", "sim_vs_emu_markdown_frame", "write_sim_vs_emu"]
+__all__ = ["ENGINE_ONLY_SUFFIX", "SIM_EMU_ITL_TOL", "SIM_VS_EMU_COLUMNS", "api_server_of", "sim_partner", "sim_vs_emu",
+           "sim_vs_emu_markdown_frame", "write_sim_vs_emu"]
