@@ -141,3 +141,31 @@ def test_claim_directions_by_hand():
     assert list(holds(cells, "itl", "raises", "paper")) == [False, False, True]
     assert list(holds(cells, "itl", "lowers", "armmean")) == [True, False, False]
     assert list(holds(cells, "itl", "lowers", "tail_share")) == [True, False, False]
+
+
+def test_reproduce_calls_the_shipped_maps_stale_exactly_when_they_are():
+    """The map section of REPRODUCE.md opens with "**Stale:**" if and only if a shipped map table does not hold
+    every task of its map's plan at the simulator's current code fingerprint (what ``dlfp map`` would rerun)."""
+    from dlfp.studies.map import MAPS
+
+    fp = map_run.code_fingerprint()
+    fresh = []
+    for spec in MAPS.values():
+        try:
+            rows = load_rows(spec, REPO_ROOT / "data/results/map", fp, strict=True)
+            fresh.append(len(rows) == len(spec.tasks()))
+        except MapError:
+            fresh.append(False)
+    text = (REPO_ROOT / "REPRODUCE.md").read_text()
+    start = text.index("## Where DLFP's claims hold: the workload map")
+    section = text[start: text.index("\n## ", start + 1)]
+    assert ("**Stale:**" in section) == (not all(fresh)), dict(zip(MAPS, fresh))
+
+
+@pytest.mark.parametrize("name", ["map/map_claims.md", "map/inference_anchors.md"])
+def test_reproduce_quotes_the_map_tables_verbatim(name):
+    """REPRODUCE.md shows the map's claims and anchors as rendered, between markers: no count typed by hand."""
+    text = (REPO_ROOT / "REPRODUCE.md").read_text()
+    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
