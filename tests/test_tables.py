@@ -364,7 +364,7 @@ def test_sim_vs_emu_sets_the_emulator_beside_the_simulator_without_the_api_serve
     """Where the simulator has ``<experiment>-no-api-server``, the emulator's experiment is compared with it, not
     with the experiment that has the API server: here the variant's trials are the emulator's token times, so every
     difference is 0, while the experiment itself (20 ms shorter spikes) would miss."""
-    from dlfp.analysis.tables.sim_vs_emu import ENGINE_ONLY_SUFFIX
+    from dlfp.analysis.tables.sim_vs_emu import ENGINE_ONLY_SUFFIX, api_server_of
     from dlfp.config import load_experiment
     from dlfp.traces.format import Trial, write_trial
     from test_pipeline import declare_experiment, fake_trial
@@ -374,14 +374,21 @@ def test_sim_vs_emu_sets_the_emulator_beside_the_simulator_without_the_api_serve
     variant = cfg.model_copy(update={"name": EXP + ENGINE_ONLY_SUFFIX})
     declare_experiment(cfg)
     declare_experiment(variant)
+    costs = {"request_s": 0.004, "output_s": 0.0006}  # what metadata.sim.frontend records (zeros for none)
     for seed in SEEDS:
         for arm in cfg.arms:
-            write_trial(fake_trial(cfg, arm, seed), root)
+            t = fake_trial(cfg, arm, seed)
+            t.metadata["sim"] = {**(t.metadata.get("sim") or {}), "frontend": costs}
+            write_trial(t, root)
             emu = _emu_twin(fake_trial(cfg, arm, seed, async_lag=True))
             write_trial(emu, root)
             twin = fake_trial(variant, arm, seed)
+            twin.metadata["sim"] = {**(twin.metadata.get("sim") or {}), "frontend": dict.fromkeys(costs, 0.0)}
             write_trial(Trial(twin.requests, emu.tokens.copy(), twin.iterations, twin.metadata), root)
-    df = tables.sim_vs_emu(tables.load_traces(root))
+    ts = tables.load_traces(root)
+    df = tables.sim_vs_emu(ts)
+    assert set(df["sim_api_server"]) == {"none"}
+    assert api_server_of(ts, "sim", EXP) == "modelled" and api_server_of(ts, "sim", EXP + ENGINE_ONLY_SUFFIX) == "none"
     assert list(zip(df["experiment"], df["sim_experiment"], df["arm"])) == [
         (EXP, EXP + ENGINE_ONLY_SUFFIX, "baseline"), (EXP, EXP + ENGINE_ONLY_SUFFIX, "dlfp")]
     assert list(df["p99_itl_rel_diff_pct"]) == [pytest.approx(0.0), pytest.approx(0.0)]
@@ -529,3 +536,18 @@ def test_the_device_model_of_a_trace_is_read_from_what_it_recorded(metadata, mod
     from dlfp.analysis.tables.sim_vs_emu import device_model_of
 
     assert device_model_of(SimpleNamespace(trial=SimpleNamespace(metadata=metadata))) == model
+
+
+def test_reproduce_quotes_sim_vs_emu_verbatim_and_every_shipped_row_is_like_for_like():
+    """REPRODUCE.md shows ``sim_vs_emu.md`` as rendered; every shipped row sets the emulator beside the simulator
+    without the API server (the emulator has none)."""
+    from dlfp.paths import REPO_ROOT
+
+    name = "sim_vs_emu.md"
+    text = (REPO_ROOT / "REPRODUCE.md").read_text()
+    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
+    df = pd.read_csv(REPO_ROOT / "data" / "results" / "sim_vs_emu.csv")
+    assert len(df) > 0 and set(df["sim_api_server"]) == {"none"}
+    assert (df["sim_experiment"] == df["experiment"] + "-no-api-server").all()

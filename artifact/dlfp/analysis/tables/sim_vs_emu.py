@@ -73,11 +73,11 @@ def sim_partner(ts: TraceSet, experiment: str, sim: str = "sim") -> str:
 
 
 def api_server_of(ts: TraceSet, backend: str, experiment: str) -> str:
-    """Whether a simulator group modelled the API server: "modelled" when its first trial recorded API-server
-    costs (``metadata.sim.frontend``), else "none"."""
+    """Whether a simulator group modelled the API server: "modelled" when its first trial recorded a non-zero
+    API-server cost (``metadata.sim.frontend``, seconds), else "none" (all zero, as ``frontend: none`` records)."""
     trials = ts.select(backend, experiment)
     fe = (trials[0].trial.metadata.get("sim") or {}).get("frontend") if trials else None
-    return "modelled" if fe else "none"
+    return "modelled" if isinstance(fe, dict) and any(float(v) > 0 for v in fe.values()) else "none"
 
 
 def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, groups: tuple[tuple[str, str], tuple[str, str]],
