@@ -142,6 +142,12 @@ EXPECTED_SIGNS: dict[tuple[str, str], int] = {
     ("qwen3-32b-tp2-completion-sync-10seeds", "energy_per_token"): +1,
     ("qwen3-32b-tp2-completion-sync-10seeds", "slo_passes"): -1,
 }
+#: The variants without the API server (the simulator's side of sim_vs_emu): taking the API server away flips no
+#: effect sign, so each pins its experiment's signs.
+EMULATED = ("qwen3-0.6b-tp1", "qwen3-0.6b-tp2", "qwen3-8b-r0.10", "qwen3-8b-r0.25", "qwen3-32b-tp2",
+            "qwen3-0.6b-tp1-long-prompt", "qwen3-8b-long-prompt", "qwen3-32b-tp2-long-prompt")
+EXPECTED_SIGNS.update({(f"{e}-no-api-server", m): EXPECTED_SIGNS[(e, m)] for e in EMULATED
+                       for m in ("p99_itl", "p99_ttft", "p99_e2el", "slo_passes", "energy_per_token")})
 
 
 def _seeds(experiment: str) -> list[int]:

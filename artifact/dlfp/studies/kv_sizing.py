@@ -61,8 +61,8 @@ def experiment_settings() -> dict[tuple, list[str]]:
             cfg = load_experiment(EXPERIMENTS_DIR / f"{name}.yaml")
         except ConfigError:
             continue
-        if not _sized_by_kv_cache_blocks(cfg) or "paper-variant" in cfg.tags:  # a seed variant: its base's setting
-            continue
+        if not _sized_by_kv_cache_blocks(cfg) or {"paper-variant", "engine-only"} & set(cfg.tags):  # a variant:
+            continue  # its base's engine setting
         budgets = [cfg.max_num_batched_tokens]
         sweep = (cfg.backend_options.get("sensitivity") or {}).get("max_num_batched_tokens") or []
         budgets += [int(b) for b in sweep if int(b) != cfg.max_num_batched_tokens]
