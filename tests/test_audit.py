@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dlfp.paths import REPO_ROOT
+from reproduce_quotes import quoted_block
 
 
 def _write_small_trial(root, experiment: str = "cpu-tiny", arm: str = "baseline", seed: int = 801,
@@ -135,7 +136,4 @@ def test_committed_cost_form_regenerates_from_the_profile_and_reproduce_quotes_i
     path = REPO_ROOT / "data" / "results" / "calibration" / "cost_form.md"
     prof = yaml.safe_load(DEFAULT_PROFILE.read_text())[DEFAULT_KEY]
     assert path.read_text() == cost_form_markdown(prof)
-    text = (REPO_ROOT / "REPRODUCE.md").read_text()
-    begin, end = "<!-- begin data/results/calibration/cost_form.md -->\n", \
-        "<!-- end data/results/calibration/cost_form.md -->"
-    assert text.split(begin, 1)[1].split(end, 1)[0] == path.read_text()
+    assert quoted_block("calibration/cost_form.md") == path.read_text()

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from dlfp.analysis.tables.dlfpg import _real_engine_rows, _slo_rows, dev_targets
+from reproduce_quotes import quoted_block, rendered
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,11 +55,7 @@ def test_the_development_targets_use_the_same_frontier_and_slo_rules():
 @pytest.mark.parametrize("name", ["dlfpg_targets.md", "dlfpg_dev.md"])
 def test_reproduce_carries_the_dlfpg_tables_verbatim(name):
     """REPRODUCE.md shows DLFP-G's tables as rendered, between markers: no number typed by hand."""
-    text = (REPO / "REPRODUCE.md").read_text()
-    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
-    assert begin in text and end in text
-    block = text.split(begin, 1)[1].split(end, 1)[0]
-    assert block == (REPO / "data" / "results" / name).read_text()
+    assert quoted_block(name) == rendered(name)
 
 
 def test_the_development_set_uses_other_seeds_and_other_trace_windows():

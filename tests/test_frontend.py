@@ -14,6 +14,7 @@ from dlfp.devices.frontend import ENDPOINTS, TOKENIZE_WINDOW_S, FrontEnd, Fronte
 from dlfp.devices.host import HostCosts
 from dlfp.paths import REPO_ROOT
 from dlfp.studies.frontend import cli, fit, serve, tokenizer
+from reproduce_quotes import quoted_block, rendered
 
 MEASURED = REPO_ROOT / "data" / "results" / "frontend"
 COSTS = FrontendCosts(request_s=1e-3, tokenize_per_token_s=10e-6, output_s=0.5e-3, output_per_token_s=0.1e-3)
@@ -162,10 +163,7 @@ def test_prometheus_sums_add_label_sets_and_skip_other_samples():
 
 @pytest.mark.parametrize("name", ["frontend/frontend.md", "device/host_switch.md"])
 def test_reproduce_quotes_the_tables_verbatim(name):
-    text = (REPO_ROOT / "REPRODUCE.md").read_text()
-    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
-    assert begin in text and end in text
-    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
+    assert quoted_block(name) == rendered(name)
 
 
 def test_host_switch_table_renders_from_its_trials_and_its_shipped_setting_is_the_shipped_trace(tmp_path):

@@ -15,6 +15,7 @@ from dlfp.studies.map.cli import main_map
 from dlfp.studies.map.grid import SCALES
 from dlfp.studies.map.store import read_table, table_path
 from dlfp.studies.map.table import cell_table
+from reproduce_quotes import quoted_block, rendered
 
 PUBLISHED = REPO_ROOT / "data/paper/published.csv"
 
@@ -165,7 +166,4 @@ def test_reproduce_calls_the_shipped_maps_stale_exactly_when_they_are():
 @pytest.mark.parametrize("name", ["map/map_claims.md", "map/inference_anchors.md"])
 def test_reproduce_quotes_the_map_tables_verbatim(name):
     """REPRODUCE.md shows the map's claims and anchors as rendered, between markers: no count typed by hand."""
-    text = (REPO_ROOT / "REPRODUCE.md").read_text()
-    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
-    assert begin in text and end in text
-    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
+    assert quoted_block(name) == rendered(name)

@@ -29,6 +29,7 @@ import pytest
 
 from dlfp.analysis import metrics, stats, tables
 from dlfp.traces.format import load_trial, trial_dir
+from test_seed_variants import EMULATED as EMULATED_EXPERIMENTS
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "data" / "traces"
@@ -144,9 +145,7 @@ EXPECTED_SIGNS: dict[tuple[str, str], int] = {
 }
 #: The variants without the API server (the simulator's side of sim_vs_emu): taking the API server away flips no
 #: effect sign, so each pins its experiment's signs.
-EMULATED = ("qwen3-0.6b-tp1", "qwen3-0.6b-tp2", "qwen3-8b-r0.10", "qwen3-8b-r0.25", "qwen3-32b-tp2",
-            "qwen3-0.6b-tp1-long-prompt", "qwen3-8b-long-prompt", "qwen3-32b-tp2-long-prompt")
-EXPECTED_SIGNS.update({(f"{e}-no-api-server", m): EXPECTED_SIGNS[(e, m)] for e in EMULATED
+EXPECTED_SIGNS.update({(f"{e}-no-api-server", m): EXPECTED_SIGNS[(e, m)] for e in EMULATED_EXPERIMENTS
                        for m in ("p99_itl", "p99_ttft", "p99_e2el", "slo_passes", "energy_per_token")})
 
 

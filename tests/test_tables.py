@@ -19,6 +19,7 @@ from scipy import stats as sps
 from dlfp.analysis import figures, tables
 from dlfp.traces.format import trial_dir
 from test_pipeline import EXP, SMALL, spike_s, ttft_s, write_fake_experiment
+from reproduce_quotes import quoted_block, rendered
 
 SEEDS = (801, 802, 803)
 SLO_OVERRIDE = {"slo.itl_s": 0.15}  # dlfp's per-request P99 gap (~101..110 ms) passes, the baseline's (~202 ms) fails
@@ -543,11 +544,7 @@ def test_reproduce_quotes_sim_vs_emu_verbatim_and_every_shipped_row_is_like_for_
     without the API server (the emulator has none)."""
     from dlfp.paths import REPO_ROOT
 
-    name = "sim_vs_emu.md"
-    text = (REPO_ROOT / "REPRODUCE.md").read_text()
-    begin, end = f"<!-- begin data/results/{name} -->\n", f"<!-- end data/results/{name} -->"
-    assert begin in text and end in text
-    assert text.split(begin, 1)[1].split(end, 1)[0] == (REPO_ROOT / "data" / "results" / name).read_text()
+    assert quoted_block("sim_vs_emu.md") == rendered("sim_vs_emu.md")
     df = pd.read_csv(REPO_ROOT / "data" / "results" / "sim_vs_emu.csv")
     assert len(df) > 0 and set(df["sim_api_server"]) == {"none"}
     assert (df["sim_experiment"] == df["experiment"] + "-no-api-server").all()

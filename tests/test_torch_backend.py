@@ -22,6 +22,7 @@ from dlfp.backends.torch.model import (ATTENTION_MODES, ATTENTION_NAMES, Entry, 
                                        Qwen3, Shape, check_fits, load_hf_config)
 from dlfp.config import ConfigError, load_experiment  # noqa: E402
 from dlfp.traces.format import load_trial  # noqa: E402
+from reproduce_quotes import quoted_block, rendered  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -365,7 +366,4 @@ def test_gpu_tables_recompute_from_the_shipped_traces():
 
 
 def test_reproduce_shows_the_rendered_gpu_table():
-    text = (REPO / "REPRODUCE.md").read_text()
-    begin, end = "<!-- begin data/results/torch_gpu.md -->\n", "<!-- end data/results/torch_gpu.md -->"
-    block = text[text.index(begin) + len(begin):text.index(end)]
-    assert block == (REPO / "data" / "results" / "torch_gpu.md").read_text()
+    assert quoted_block("torch_gpu.md") == rendered("torch_gpu.md")

@@ -10,6 +10,7 @@ import pytest
 
 from dlfp.studies import validation as vs
 from dlfp.traces.format import ITERATION_COLUMNS, REQUEST_COLUMNS, TOKEN_COLUMNS, Trial, coerce
+from reproduce_quotes import quoted_block, rendered
 
 SLO = {"ttft_s": 10.0, "itl_s": 10.0, "itl_quantile": 1.0}
 
@@ -220,13 +221,8 @@ def test_shipped_fidelity_tables_regenerate_from_the_shipped_traces(tmp_path):
 
 def test_reproduce_shows_the_audit_as_written():
     """REPRODUCE.md carries `fidelity/fidelity.md` verbatim between its markers: no number typed by hand."""
-    from dlfp.paths import REPO_ROOT
 
-    text = (REPO_ROOT / "REPRODUCE.md").read_text()
-    begin, end = "<!-- begin data/results/fidelity/fidelity.md -->\n", "<!-- end data/results/fidelity/fidelity.md -->"
-    assert begin in text and end in text
-    block = text.split(begin, 1)[1].split(end, 1)[0]
-    assert block == (REPO_ROOT / "data" / "results" / "fidelity" / "fidelity.md").read_text()
+    assert quoted_block("fidelity/fidelity.md") == rendered("fidelity/fidelity.md")
 
 
 def _host(cpu: str, threads: int) -> dict:

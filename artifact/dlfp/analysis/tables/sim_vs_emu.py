@@ -86,15 +86,16 @@ def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, groups: tup
 
     ``groups``: ``((sim backend, sim experiment), (emu backend, emu experiment))``.
     """
+    sim_g, emu_g = groups
     (sim, sim_exp), (emu, exp) = groups
     base = ts.baseline_arm(emu, exp)
     arm_rows = {g: _arm_seeds(s, *g, arm) for g in groups}
-    seeds = sorted(set(arm_rows[groups[0]].index) & set(arm_rows[groups[1]].index))
+    seeds = sorted(set(arm_rows[sim_g].index) & set(arm_rows[emu_g].index))
     row: dict[str, Any] = dict(experiment=exp, sim_experiment=sim_exp, sim_api_server=api_server_of(ts, sim, sim_exp),
                                arm=arm, seeds=len(seeds))
     for col in ("p50_itl_ms", "p99_itl_ms", "p99_ttft_ms"):
-        vs = float(arm_rows[groups[0]].loc[seeds, col].mean()) if seeds else float("nan")
-        ve = float(arm_rows[groups[1]].loc[seeds, col].mean()) if seeds else float("nan")
+        vs = float(arm_rows[sim_g].loc[seeds, col].mean()) if seeds else float("nan")
+        ve = float(arm_rows[emu_g].loc[seeds, col].mean()) if seeds else float("nan")
         row.update({f"{col}_sim": vs, f"{col}_emu": ve, f"{col[:-len('_ms')]}_rel_diff_pct": _rel_pct(ve, vs)})
     d = row["p99_itl_rel_diff_pct"]
     row["p99_itl_within_10pct"] = None if not np.isfinite(d) else bool(abs(d) <= 100 * tol + 1e-9)
@@ -102,8 +103,8 @@ def _sim_vs_emu_row(ts: TraceSet, s: pd.DataFrame, rc: pd.DataFrame, groups: tup
         name = col[: -len("_ms")]
         ch = {g: float("nan") if arm == base else
               _mean_change_pct(_arm_seeds(s, *g, base)[col], arm_rows[g][col], seeds) for g in groups}
-        row[f"{name}_change_pct_sim"], row[f"{name}_change_pct_emu"] = ch[groups[0]], ch[groups[1]]
-        row[f"{name}_effect_same_sign"] = None if arm == base else _same_sign(ch[groups[0]], ch[groups[1]])
+        row[f"{name}_change_pct_sim"], row[f"{name}_change_pct_emu"] = ch[sim_g], ch[emu_g]
+        row[f"{name}_effect_same_sign"] = None if arm == base else _same_sign(ch[sim_g], ch[emu_g])
     for (backend, e), suffix in zip(groups, ("sim", "emu")):
         r = rc[(rc["backend"] == backend) & (rc["experiment"] == e) & (rc["arm"] == arm)]
         row[f"r_own_{suffix}"] = float(r["r_own"].iloc[0]) if len(r) else float("nan")
