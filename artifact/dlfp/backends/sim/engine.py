@@ -444,19 +444,33 @@ class SimEngine:
         return FrontEnd(self.frontend_costs, self.host.ingest_s, self.host.frontend_output_s)
 
     def run(self, requests: Sequence, progress: Callable[[int, int], None] | None = None,
-            concurrency: int | None = None) -> SimResult:
+            concurrency: int | None = None, core: str | None = None) -> SimResult:
         """Simulate ``requests`` (objects with ``request_id``, ``arrival_s``, ``prompt_tokens``,
         ``output_tokens``; sorted by arrival) until all finish.
 
         ``concurrency`` (a positive int) runs them as a closed loop of that many clients (module docstring), their
         ``arrival_s`` being release times; ``None`` (default) sends each at its ``arrival_s`` (open loop).
+        ``core``: ``"compiled"`` (``dlfp.backends.sim.compiled``; a run it does not cover takes the reference path
+        and says so once) or ``"reference"`` (this module); default: ``DLFP_SIM_CORE``, else compiled. Both give
+        the same result bit for bit.
 
         Raises:
-            ValueError: ``concurrency`` is not positive.
+            ValueError: ``concurrency`` is not positive, or an unknown ``core``.
             RuntimeError: the engine cannot make progress (a configuration error upstream).
         """
         if concurrency is not None and concurrency <= 0:
             raise ValueError(f"field workload.concurrency: must be positive, got {concurrency}")
+        from dlfp.backends.sim import compiled
+
+        if core is None:
+            core = compiled.requested_core()
+        elif core not in compiled.CORES:
+            raise ValueError(f"core: unknown {core!r}; known: {', '.join(compiled.CORES)}")
+        if core == "compiled":
+            why = compiled.unsupported(self)
+            if why is None:
+                return compiled.run(self, requests, progress, concurrency)
+            compiled.notice_once(why)
         reqs = [SimRequest(i, r.request_id, float(r.arrival_s), int(r.prompt_tokens), int(r.output_tokens))
                 for i, r in enumerate(requests)]
         run = _Run(self, reqs, progress, concurrency)

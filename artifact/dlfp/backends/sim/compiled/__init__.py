@@ -1,0 +1,255 @@
+"""The simulator's compiled core (numba): one ``SimEngine.run`` as compiled array code, bit-identical to the Python
+reference path (``dlfp.backends.sim.engine._Run``), which stays the specification and is what the tests compare it to.
+
+Covered: both engine loops, the scheduler with prefix caching, the API server's queue, the kernel-level device model
+(``dlfp.devices.kernel_model``) and the policies NoCap, FixedCap and DLFP. Anything else (DLFP-S, DLFP-G, a
+policy of one's own, the roofline or a fitted CPU device model) runs on the reference path, and the first such run in
+a process says so on standard error. ``DLFP_SIM_CORE=reference`` in the environment forces the reference path.
+
+The device model's per-token-count parts (one layer's projections, elementwise kernels and all-reduces; the LM head;
+the sampler) are tabulated from the reference's own functions once per device model and token budget, so the
+compiled path reads the very same floats; attention and the decode split are recomputed in compiled code.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+
+from dlfp.backends.sim.compiled import layout as L
+from dlfp.policies.base import Decision
+
+#: environment variable that picks the path: ``compiled`` (default) or ``reference``
+CORE_ENV = "DLFP_SIM_CORE"
+CORES = ("compiled", "reference")
+_NOTICED: set[str] = set()
+
+
+def requested_core() -> str:
+    """The path ``DLFP_SIM_CORE`` asks for (default ``compiled``).
+
+    Raises:
+        ValueError: an unknown value, naming the variable and the known values.
+    """
+    v = os.environ.get(CORE_ENV, "compiled").strip() or "compiled"
+    if v not in CORES:
+        raise ValueError(f"environment variable {CORE_ENV}: unknown core {v!r}; known: {', '.join(CORES)}")
+    return v
+
+
+def policy_kind(policy) -> int | None:
+    """The compiled form of ``policy`` (``layout.NOCAP``, ``FIXED``, ``DLFP``), or ``None`` without one.
+
+    Exact classes only: a subclass may change what ``prefill_cap`` or ``observe`` do."""
+    from dlfp.policies.baselines import FixedCap, NoCap
+    from dlfp.policies.dlfp import DLFP
+
+    return {NoCap: L.NOCAP, FixedCap: L.FIXED, DLFP: L.DLFP}.get(type(policy))
+
+
+def unsupported(engine) -> str | None:
+    """Why ``engine`` cannot run compiled (one phrase), or ``None`` when it can."""
+    from dlfp.devices.kernel_model import KernelDeviceModel
+
+    if policy_kind(engine.policy) is None:
+        return f"policy {getattr(engine.policy, 'name', type(engine.policy).__name__)!r} has no compiled form"
+    dm = engine.dm
+    if type(dm) is not KernelDeviceModel:
+        return f"device model {type(dm).__name__} has no compiled form"
+    if dm.att.c.gemm.blend_p != dm.ops.c.gemm.blend_p:
+        return "attention and GEMM blend exponents differ"
+    return None
+
+
+def notice_once(reason: str) -> None:
+    """Say once per process and reason that a run takes the reference path."""
+    if reason not in _NOTICED:
+        _NOTICED.add(reason)
+        print(f"dlfp: {reason}; simulating it on the reference path (slower, same results)", file=sys.stderr)
+
+
+def _tables(dm, budget: int, max_seqs: int) -> np.ndarray:
+    """``(3, max(budget, max_seqs) + 1)``: one layer's per-token part by tokens, the LM head and the sampler by
+    sampled rows (seconds), from the device model's own cached functions; kept on the model per size."""
+    cache = dm.__dict__.setdefault("_compiled_tables", {})
+    key = (budget, max_seqs)
+    tab = cache.get(key)
+    if tab is None:
+        tab = np.zeros((3, max(budget, max_seqs) + 1))
+        tab[0, 1:budget + 1] = [dm._per_token(t) for t in range(1, budget + 1)]
+        tab[1, :max_seqs + 1] = [dm._head(s) for s in range(max_seqs + 1)]
+        tab[2, :max_seqs + 1] = [dm._sampler(s) for s in range(max_seqs + 1)]
+        cache[key] = tab
+    return tab
+
+
+def _int_config(engine, kind: int, concurrency: int | None) -> np.ndarray:
+    s, h, dm, pol = engine.sched, engine.host, engine.dm, engine.policy
+    ci = np.zeros(L.NUM_C, np.int64)
+    nq, nkv = dm.shape.heads(dm.tp)
+    gmax = h.cudagraph_max_tokens
+    vals = {L.C_BUDGET: s.budget, L.C_MAXSEQ: s.max_num_seqs, L.C_BS: s.bs, L.C_MAXLEN: s.max_model_len,
+            L.C_ASYNC: engine.async_, L.C_PREFIX: s.prefix_caching, L.C_CONC: concurrency or 0,
+            L.C_MAXSTEPS: min(engine.max_steps, 2**62), L.C_POLICY: kind, L.C_HOSTSIG: engine._host_sig,
+            L.C_FIXCAP: pol.cap if kind == L.FIXED else 0, L.C_FE: engine.frontend_costs is not None,
+            L.C_GMAX: min(math.floor(gmax), 2**62) if math.isfinite(gmax) else 2**62,
+            L.C_LAYERS: dm.layers, L.C_TP: dm.tp, L.C_NQ: nq, L.C_NKV: nkv, L.C_SMS: dm.att.sms}
+    if kind == L.DLFP:
+        vals.update({L.C_MINCAP: pol.min_cap, L.C_MAXCAP: pol.max_cap, L.C_QUANTUM: pol.quantum})
+    for k, v in vals.items():
+        ci[k] = int(v)
+    return ci
+
+
+def _float_config(engine, kind: int) -> np.ndarray:
+    h, dm, pol, fe = engine.host, engine.dm, engine.policy, engine.frontend_costs
+    from dlfp.devices.frontend import TOKENIZE_WINDOW_S
+
+    cf = np.zeros(L.NUM_F)
+    launch = engine._launch  # the reference's own rule, evaluated at its three outcomes
+    vals = {L.F_INGEST: h.ingest_s, L.F_SCHED_BASE: h.schedule_base_s, L.F_SCHED_REQ: h.schedule_per_req_s,
+            L.F_PREP_BASE: h.prep_base_s, L.F_PREP_REQ: h.prep_per_req_s, L.F_PREP_TOK: h.prep_per_token_s,
+            L.F_SAMPLE_LAUNCH: h.sample_launch_s, L.F_BK_BASE: h.bookkeeping_base_s,
+            L.F_BK_REQ: h.bookkeeping_per_req_s, L.F_UP_BASE: h.update_base_s, L.F_UP_REQ: h.update_per_req_s,
+            L.F_FE_OUT: h.frontend_output_s, L.F_LOOP: h.engine_loop_s, L.F_GRAPH: launch(0, 0),
+            L.F_PIECEWISE: launch(0, 1), L.F_EAGER: launch(2**62, 0), L.F_TOK_WINDOW: TOKENIZE_WINDOW_S,
+            L.F_LIN_FLOPS: dm.lin_flops_tok, L.F_HEAD_FLOPS: dm.head_flops_tok, L.F_PAIR_FLOPS: dm.attn_flops_pair,
+            L.F_PEAK: dm.gpu.peak_flops, L.F_WEIGHT: dm.weight_bytes, L.F_ACT: dm.act_bytes_tok,
+            L.F_KV_TOK: dm.kv_bytes_tok, L.F_HBM: dm.gpu.hbm_bw, L.F_IDLE: dm.idle_w, L.F_TDP: dm.tdp_w,
+            L.F_HD: dm.shape.hd, L.F_BM: dm.att.a.block_m, L.F_BN: dm.att.a.block_n, L.F_SM_FLOPS: dm.att.sm_flops,
+            L.F_ATT_BW: dm.att.bw, L.F_ATT_LAUNCH: dm.att.c.gemm.launch_s, L.F_DEC_LAUNCH: dm.ops.c.gemm.launch_s,
+            L.F_BLEND: dm.ops.c.gemm.blend_p, L.F_SKV_N: dm.att.a.splitkv_block_n,
+            L.F_SKV_M: dm.att.a.splitkv_block_m, L.F_ATT_KV_TOK: dm._kv_bytes_tok, L.F_DTYPE: dm.shape.dtype_bytes}
+    if fe is not None:
+        vals.update({L.F_REQ_S: fe.request_s, L.F_REQ_TOK: fe.request_per_token_s,
+                     L.F_TOKENIZE: fe.tokenize_per_token_s, L.F_OUT_S: fe.output_s,
+                     L.F_OUT_TOK: fe.output_per_token_s})
+    if kind == L.DLFP:
+        vals.update({L.F_TARGET: pol.target_s, L.F_GAIN: pol.gain})
+    for k, v in vals.items():
+        cf[k] = float(v)
+    return cf
+
+
+def _state(engine, P: np.ndarray, M: np.ndarray, arrival: np.ndarray, concurrency: int | None):
+    """The per-run arrays (``dlfp.backends.sim.compiled.engine``'s ``st``) and the scalars ``si``, ``sf``."""
+    n, s = len(P), engine.sched
+    rq = np.zeros((n, 10), np.int64)
+    rq[:, L.R_P], rq[:, L.R_M], rq[:, L.R_FSEG] = P, M, -1
+    nseg = s.num_gpu_blocks + 2
+    seg = np.full((nseg, 4), -1, np.int64)
+    stack = np.arange(nseg - 1, 0, -1, dtype=np.int64)  # free segment slots; slot 0 holds the initial segment
+    si = np.zeros(L.NUM_S, np.int64)
+    si[[L.S_LAST, L.S_QHEAD, L.S_QTAIL]] = -1
+    si[L.S_UNFIN], si[L.S_FREE], si[L.S_SEGTOP] = n, s.free_blocks, nseg - 2
+    if s.prefix_caching:
+        seg[0, L.G_CNT], seg[0, L.G_PREV], seg[0, L.G_NEXT] = s.num_gpu_blocks, -1, -1
+        si[L.S_QHEAD] = si[L.S_QTAIL] = 0
+    if policy_kind(engine.policy) == L.DLFP:
+        si[L.S_CAP] = engine.policy.cap
+    width = s.max_num_seqs + 1
+    send, release = arrival.copy(), arrival.copy()
+    vis = arrival + engine.host.ingest_s if engine.frontend_costs is None else np.full(n, np.inf)
+    if concurrency is not None:  # closed loop: only the first `concurrency` requests are sent at t = 0
+        send[concurrency:] = np.inf
+        vis[concurrency:] = np.inf
+        si[L.S_NEXT_SEND] = min(concurrency, n)
+    toff = np.concatenate(([0], np.cumsum(M)[:-1])).astype(np.int64)
+    st = (rq, seg, stack, np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64), np.zeros((width, 5), np.int64),
+          np.zeros((L.NSLOT, width, 2), np.int64), np.zeros((L.NSLOT, 2), np.int64), np.zeros(L.NSLOT), send, vis,
+          release, np.full(int(M.sum()), np.nan), toff)
+    return st, si, np.zeros(L.NUM_T)
+
+
+_ERRORS = {L.ERR_STUCK: "engine cannot schedule any request (KV cache too small?)",
+           L.ERR_IDLE: "engine idle with unfinished requests (internal error)"}
+
+
+def _raise(err: int, engine, rows: np.ndarray, si: np.ndarray) -> None:
+    """The reference path's exception for error code ``err``."""
+    if err == L.ERR_STEPS:
+        raise RuntimeError(f"simulation exceeded {engine.max_steps} engine steps without finishing")
+    if err == L.ERR_INTERVAL:
+        k = int(si[L.S_LAST]) if si[L.S_LAST] >= 0 else int(si[L.S_IT]) - 1
+        raise ValueError(f"observed interval must be a positive finite number of seconds (iteration {k})")
+    raise RuntimeError(_ERRORS[err])
+
+
+def run(engine, requests, progress=None, concurrency: int | None = None):
+    """``SimEngine.run`` on the compiled core: the same ``SimResult``, bit for bit; the policy's ``decisions`` and
+    cap end as the reference path leaves them. ``progress`` is called once, at the end.
+
+    Raises:
+        RuntimeError, ValueError: as the reference path, for the same runs.
+    """
+    from dlfp.backends.sim.compiled.engine import simulate
+    from dlfp.backends.sim.engine import SimResult
+
+    kind = policy_kind(engine.policy)
+    n = len(requests)
+    P = np.fromiter((int(r.prompt_tokens) for r in requests), np.int64, n)
+    M = np.fromiter((int(r.output_tokens) for r in requests), np.int64, n)
+    arrival = np.fromiter((float(r.arrival_s) for r in requests), float, n)
+    st, si, sf = _state(engine, P, M, arrival, concurrency)
+    s = engine.sched
+    tab = _tables(engine.dm, s.budget, s.max_num_seqs)
+    rows = np.empty((max(1024, int(M.sum()) // 4), L.NUM_W))
+    rows = simulate(_int_config(engine, kind, concurrency), _float_config(engine, kind), si, sf, tab, st, rows)
+    if si[L.S_ERR]:
+        _raise(int(si[L.S_ERR]), engine, rows, si)
+    rows = rows[:si[L.S_IT]]
+    _finish_policy(engine.policy, kind, rows, si)
+    rq, times, toff = st[0], st[12], st[13]
+    token_times = [t.tolist() for t in np.split(times, toff[1:])] if n else []
+    end_s = max((t[-1] for t in token_times if t), default=float(sf[L.T_NOW]))
+    dm = engine.dm
+    busy_e, busy_t = float(sf[L.T_BUSYE]), float(sf[L.T_BUSYT])
+    energy = busy_e + max(0.0, end_s - busy_t) * dm.idle_w * dm.tp
+    if progress is not None:
+        progress(n, n)
+    return SimResult(token_times=token_times, finished=rq[:, L.R_ST] == L.FINISHED,
+                     iterations=iteration_frame(rows, engine.policy.signal), energy_j=energy, busy_energy_j=busy_e,
+                     end_s=end_s, num_preemptions=int(si[L.S_NPREEMPT]), num_gpu_blocks=s.num_gpu_blocks,
+                     num_schedule_calls=int(si[L.S_CALLS]), sent=st[9].tolist() if concurrency is not None else None,
+                     extra={"num_cached_tokens_hit": int(si[L.S_HIT])})
+
+
+def _caps(col: np.ndarray):
+    """A cap column (``-1``: none) as nullable ``Int64``, as the reference path's ``None``/int list gives it."""
+    return pd.arrays.IntegerArray(np.where(col < 0, 0, col).astype(np.int64), col < 0)
+
+
+def iteration_frame(rows: np.ndarray, signal: str) -> pd.DataFrame:
+    """The ``ITERATION_COLUMNS`` frame of compiled iteration rows (``dlfp.backends.sim.engine._iteration_frame``)."""
+    from dlfp.traces.format import ITERATION_COLUMNS
+
+    data = {name: rows[:, w].astype(dtype) for name, w, dtype in (
+        ("iteration", L.W_IT, np.int64), ("schedule_s", L.W_SCHED, float), ("prefill_tokens", L.W_PTOK, np.int64),
+        ("num_prefills", L.W_NPF, np.int64), ("num_decodes", L.W_ND, np.int64), ("guarded", L.W_GUARDED, bool),
+        ("observed_interval_s", L.W_OBS_IV, float), ("device_time_s", L.W_DEV, float), ("issue_s", L.W_ISSUE, float),
+        ("device_start_s", L.W_START, float), ("device_end_s", L.W_END, float), ("energy_j", L.W_ENERGY, float),
+        ("host_interval_s", L.W_HOST_IV, float))}
+    data["cap"], data["cap_after"] = _caps(rows[:, L.W_CAP]), _caps(rows[:, L.W_CAP_AFTER])
+    data["signal"] = pd.array([signal] * len(rows), dtype="string")
+    return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
+
+
+def _finish_policy(policy, kind: int, rows: np.ndarray, si: np.ndarray) -> None:
+    """Leave ``policy`` as the reference path would: its final cap and one ``Decision`` per observation."""
+    if kind == L.DLFP:
+        policy.cap = int(si[L.S_CAP])
+    obs = rows[rows[:, L.W_REASON] >= 0]
+    if not len(obs):
+        return
+
+    def cap(v):
+        return None if v < 0 else int(v)
+
+    sig = policy.signal
+    policy.decisions.extend(
+        Decision(int(it), t, cap(b), cap(a), iv, sig, int(pt), int(nd), bool(g), L.REASONS[int(rs)])
+        for it, t, b, a, iv, pt, nd, g, rs in obs[:, [L.W_IT, L.W_OBS_T, L.W_CAP_BEFORE, L.W_CAP_AFTER, L.W_OBS_IV,
+                                                   L.W_PTOK, L.W_ND, L.W_GUARDED, L.W_REASON]].tolist())
