@@ -1,9 +1,11 @@
 """The shipped simulator traces are what the code computes: two complete experiments (every arm, every seed)
 regenerated from scratch match the committed traces byte for byte (Parquet) and in every metadata field that
-describes the trial (``dlfp.traces.compare``)."""
+describes the trial (``dlfp.traces.compare``), on the compiled core (the default) and on the Python reference path
+(``DLFP_SIM_CORE=reference``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +21,15 @@ EXPERIMENTS = ("qwen3-0.6b-tp1", "qwen3-32b-tp2-completion-sync")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("core", ["compiled", "reference"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_a_fresh_run_reproduces_the_committed_traces_byte_for_byte(experiment, tmp_path):
+def test_a_fresh_run_reproduces_the_committed_traces_byte_for_byte(experiment, core, tmp_path):
     shipped = TRACES / "sim" / experiment
     expected_trials = sorted(p.parent.relative_to(shipped) for p in shipped.rglob("metadata.json"))
     assert len(expected_trials) >= 48, "the committed experiment is incomplete"
     subprocess.run([sys.executable, "-m", "dlfp.cli", "run", experiment, "--backend", "sim", "--out", str(tmp_path),
-                    "--force", "--no-progress"], check=True, cwd=REPO, capture_output=True)
+                    "--force", "--no-progress"], check=True, cwd=REPO, capture_output=True,
+                   env={**os.environ, "DLFP_SIM_CORE": core})
     fresh = tmp_path / "sim" / experiment
     assert sorted(p.parent.relative_to(fresh) for p in fresh.rglob("metadata.json")) == expected_trials
     assert tree_differences(shipped, fresh) == {}

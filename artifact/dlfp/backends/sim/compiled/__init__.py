@@ -141,7 +141,8 @@ def _state(engine, P: np.ndarray, M: np.ndarray, arrival: np.ndarray, concurrenc
     rq[:, L.R_P], rq[:, L.R_M], rq[:, L.R_FSEG] = P, M, -1
     nseg = s.num_gpu_blocks + 2
     seg = np.full((nseg, 4), -1, np.int64)
-    stack = np.arange(nseg - 1, 0, -1, dtype=np.int64)  # free segment slots; slot 0 holds the initial segment
+    stack = np.zeros(nseg, np.int64)  # free segment slots, a stack; slot 0 holds the initial segment
+    stack[:nseg - 1] = np.arange(nseg - 1, 0, -1)
     si = np.zeros(L.NUM_S, np.int64)
     si[[L.S_LAST, L.S_QHEAD, L.S_QTAIL]] = -1
     si[L.S_UNFIN], si[L.S_FREE], si[L.S_SEGTOP] = n, s.free_blocks, nseg - 2
