@@ -93,7 +93,7 @@ class DLFPG(PolicyBase):
     def estimate_ready(self) -> bool:
         """True when the estimate drives the chunk: on, warmed up, and increasing in chunk tokens."""
         e = self.estimator
-        return self.options.use_estimate and e.prefill_samples >= self.options.warmup_samples and e.coef[1] > 0
+        return self.options.use_estimate and e.prefill_samples >= self.options.warmup_samples and e.slope() > 0
 
     def predict_s(self, chunk: int, prefill_context: int, num_decodes: int, decode_context: int) -> float:
         """Expected completed device time (seconds) of ``chunk`` prefill tokens after ``prefill_context`` cached

@@ -26,6 +26,18 @@ _PRIOR_VAR = 1.0e4  # initial covariance diagonal: a weak prior
 _MAX_TRACE = 1.0e8  # covariance trace bound: stops forgetting-induced windup in unexcited directions
 
 
+def _dot(a, b) -> float:
+    """``sum(a[i] * b[i])`` added left to right, each product rounded (no fused multiply-add).
+
+    Written out rather than ``numpy.dot``: OpenBLAS picks its kernel by CPU at run time and a kernel may fuse the
+    multiply-add or reorder the sum, so the same trial could round differently on two machines. The compiled core
+    (``dlfp.backends.sim.compiled.dlfpg``) does the same operations in the same order."""
+    s = 0.0
+    for i in range(len(a)):
+        s += a[i] * b[i]
+    return s
+
+
 class CostEstimator:
     """RLS with exponential forgetting over the features above.
 
@@ -36,50 +48,62 @@ class CostEstimator:
     ``samples`` counts updates; ``prefill_samples`` those with prefill tokens;
     ``largest_prefill`` is the largest prefill (tokens) timed so far and
     ``largest_prefill_s`` the time (seconds) of its latest iteration of that size.
+    ``theta`` (scaled coefficients) and ``P`` (their covariance, row by row) are lists of floats; every operation
+    on them is written out in a fixed order (``_dot``), so a fit rounds the same on every machine.
     """
 
     def __init__(self, use_context: bool = True, forgetting: float = 0.98) -> None:
         self.use_context = bool(use_context)
         self.lam = float(forgetting)
         self._scale = _SCALES_CONTEXT if self.use_context else _SCALES_PLAIN
+        self._scale_list = [float(v) for v in self._scale]
         k = len(self._scale)
-        self.theta = np.zeros(k)
-        self.P = np.eye(k) * _PRIOR_VAR
+        self.theta = [0.0] * k
+        self.P = [[_PRIOR_VAR if i == j else 0.0 for j in range(k)] for i in range(k)]
         self.samples = 0
         self.prefill_samples = 0
         self.largest_prefill = 0
         self.largest_prefill_s = 0.0
 
     def features(self, prefill_tokens: float, prefill_pairs: float, num_decodes: float,
-                 decode_context: float) -> np.ndarray:
-        """The scaled regressor vector (shape ``(5,)`` with context, ``(3,)`` without)."""
+                 decode_context: float) -> list[float]:
+        """The scaled regressor (5 floats with context, 3 without)."""
+        sc = self._scale_list
         if self.use_context:
-            raw = np.array([1.0, prefill_tokens, prefill_pairs, num_decodes, decode_context])
-        else:
-            raw = np.array([1.0, prefill_tokens, num_decodes])
-        return raw / self._scale
+            return [1.0 / sc[0], prefill_tokens / sc[1], prefill_pairs / sc[2], num_decodes / sc[3],
+                    decode_context / sc[4]]
+        return [1.0 / sc[0], prefill_tokens / sc[1], num_decodes / sc[2]]
 
     @property
     def coef(self) -> np.ndarray:
         """Coefficients in natural units (seconds per unit of each feature), intercept first."""
-        return self.theta / self._scale
+        return np.array(self.theta) / self._scale
+
+    def slope(self) -> float:
+        """The coefficient of prefill tokens in seconds per token (``coef[1]``)."""
+        return self.theta[1] / self._scale_list[1]
 
     def predict(self, prefill_tokens: float, prefill_pairs: float, num_decodes: float,
                 decode_context: float) -> float:
         """Predicted completed device time (seconds) of an iteration with these features."""
-        return float(self.theta @ self.features(prefill_tokens, prefill_pairs, num_decodes, decode_context))
+        return _dot(self.theta, self.features(prefill_tokens, prefill_pairs, num_decodes, decode_context))
 
     def update(self, prefill_tokens: float, prefill_pairs: float, num_decodes: float, decode_context: float,
                seconds: float) -> None:
         """Add one completed iteration (``seconds`` > 0 of device time)."""
         x = self.features(prefill_tokens, prefill_pairs, num_decodes, decode_context)
-        Px = self.P @ x
-        err = seconds - float(self.theta @ x)
-        lam = self.lam if np.trace(self.P) / self.lam <= _MAX_TRACE else 1.0
-        k = Px / (lam + float(x @ Px))
-        self.theta = self.theta + k * err
-        P = (self.P - np.outer(k, Px)) / lam
-        self.P = 0.5 * (P + P.T)  # keep it symmetric against round-off
+        P, n = self.P, len(x)
+        Px = [_dot(P[i], x) for i in range(n)]
+        err = seconds - _dot(self.theta, x)
+        trace = 0.0
+        for i in range(n):
+            trace += P[i][i]
+        lam = self.lam if trace / self.lam <= _MAX_TRACE else 1.0
+        den = lam + _dot(x, Px)
+        k = [v / den for v in Px]
+        self.theta = [self.theta[i] + k[i] * err for i in range(n)]
+        Q = [[(P[i][j] - k[i] * Px[j]) / lam for j in range(n)] for i in range(n)]
+        self.P = [[0.5 * (Q[i][j] + Q[j][i]) for j in range(n)] for i in range(n)]  # symmetric against round-off
         self.samples += 1
         if prefill_tokens > 0:
             self.prefill_samples += 1
