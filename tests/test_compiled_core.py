@@ -1,6 +1,7 @@
 """The compiled simulator core equals the Python reference path bit for bit: whole runs over every mechanism it
 covers (both loops, preemption with and without prefix caching, the API server, closed loops, eager launches,
-NoCap, FixedCap and DLFP on both signals), and its device-time pieces against the attention model's own functions.
+NoCap, FixedCap, DLFP on both signals and DLFP-G with each ablation), the policies' state after a run, and its
+device-time pieces against the attention model's own functions.
 The shipped traces are checked on both paths by ``test_regeneration``."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dlfp.backends.sim.compiled import layout as L
 from dlfp.devices import roofline as cm
 from dlfp.devices.frontend import frontend_costs
 from dlfp.policies.base import decisions_frame
+from dlfp.policies.dlfpg import DLFPG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +69,12 @@ def make(policy, *, scheduling="async", blocks=100_000, budget=2048, prefix=True
 
 POLICIES = {"nocap": ctl.NoCap, "fixed": lambda: ctl.FixedCap(512),
             "dlfp": lambda: ctl.DLFP(target_s=0.004),
-            "dlfp-device": lambda: ctl.DLFP(target_s=0.004, signal="device_completion")}
+            "dlfp-device": lambda: ctl.DLFP(target_s=0.004, signal="device_completion"),
+            "dlfpg": lambda: DLFPG(itl_target_s=0.01, ttft_budget_s=0.5),
+            "dlfpg-no-estimate": lambda: DLFPG(itl_target_s=0.01, ttft_budget_s=0.5, use_estimate=False),
+            "dlfpg-no-context": lambda: DLFPG(itl_target_s=0.01, ttft_budget_s=0.5, use_context=False),
+            "dlfpg-no-budget": lambda: DLFPG(itl_target_s=0.01),
+            "dlfpg-host-cadence": lambda: DLFPG(signal="host_cadence", itl_target_s=0.01, ttft_budget_s=0.5)}
 
 
 @pytest.mark.parametrize("scheduling", ["sync", "async"])
@@ -107,30 +114,47 @@ def test_eager_launches_and_tp2_match():
     assert_same(ref, comp)
 
 
-def test_the_policy_ends_as_on_the_reference_path():
+def _policies_after_both(policy):
     pols = []
 
-    def policy():
-        pols.append(ctl.DLFP(target_s=0.004))
+    def build():
+        pols.append(policy())
         return pols[-1]
 
-    both(make(policy), workload())
-    ref, comp = pols
+    both(make(build, scheduling="async", blocks=400), workload(rate=8.0))
+    return pols
+
+
+def test_dlfp_ends_as_on_the_reference_path():
+    ref, comp = _policies_after_both(POLICIES["dlfp"])
     assert comp.cap == ref.cap
     assert decisions_frame(comp).equals(decisions_frame(ref))
     assert {d.reason for d in ref.decisions} == {"unguarded", "proportional"}
 
 
+def test_dlfpg_ends_as_on_the_reference_path():
+    ref, comp = _policies_after_both(lambda: DLFPG(itl_target_s=0.02, ttft_budget_s=0.2))
+    assert decisions_frame(comp).equals(decisions_frame(ref))
+    assert (comp.estimator.theta, comp.estimator.P) == (ref.estimator.theta, ref.estimator.P)
+    for attr in ("samples", "prefill_samples", "largest_prefill", "largest_prefill_s"):
+        assert getattr(comp.estimator, attr) == getattr(ref.estimator, attr)
+    assert (comp.chunk, comp.guard_grants, list(comp._issued)) == (ref.chunk, ref.guard_grants, list(ref._issued))
+    # the run exercises the estimate, the TTFT guard and the reasons of iterations without a decision
+    assert {"estimate", "ttft_guard", "no_cap", "no_prefill", "warmup"} <= {d.reason for d in ref.decisions}
+    assert ref.guard_grants > 0
+    assert ref._issued.maxlen == L.G_ISSUED
+
+
 def test_a_policy_without_a_compiled_form_runs_on_the_reference_path_and_says_so_once(capsys):
-    from dlfp.policies.dlfpg import DLFPG
+    from dlfp.policies.dlfps import DLFPS
 
     compiled._NOTICED.clear()
-    ref, comp = both(make(lambda: DLFPG(itl_target_s=0.05)), workload(n=20))
+    ref, comp = both(make(lambda: DLFPS(ttft_slo_s=0.5)), workload(n=20))
     assert_same(ref, comp)
-    make(lambda: DLFPG(itl_target_s=0.05))().run(workload(n=20))
+    make(lambda: DLFPS(ttft_slo_s=0.5))().run(workload(n=20))
     err = capsys.readouterr().err
-    assert err.count("policy 'dlfpg' has no compiled form; simulating it on the reference path") == 1
-    assert compiled.unsupported(make(POLICIES["dlfp"])()) is None
+    assert err.count("policy 'dlfps' has no compiled form; simulating it on the reference path") == 1
+    assert compiled.unsupported(make(POLICIES["dlfpg"])()) is None
 
 
 def test_an_unknown_core_is_refused_in_one_line(monkeypatch):

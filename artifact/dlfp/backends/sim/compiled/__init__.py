@@ -2,7 +2,7 @@
 reference path (``dlfp.backends.sim.engine._Run``), which stays the specification and is what the tests compare it to.
 
 Covered: both engine loops, the scheduler with prefix caching, the API server's queue, the kernel-level device model
-(``dlfp.devices.kernel_model``) and the policies NoCap, FixedCap and DLFP. Anything else (DLFP-S, DLFP-G, a
+(``dlfp.devices.kernel_model``) and the policies NoCap, FixedCap, DLFP and DLFP-G. Anything else (DLFP-S, a
 policy of one's own, the roofline or a fitted CPU device model) runs on the reference path, and the first such run in
 a process says so on standard error. ``DLFP_SIM_CORE=reference`` in the environment forces the reference path.
 
@@ -46,8 +46,9 @@ def policy_kind(policy) -> int | None:
     Exact classes only: a subclass may change what ``prefill_cap`` or ``observe`` do."""
     from dlfp.policies.baselines import FixedCap, NoCap
     from dlfp.policies.dlfp import DLFP
+    from dlfp.policies.dlfpg import DLFPG
 
-    return {NoCap: L.NOCAP, FixedCap: L.FIXED, DLFP: L.DLFP}.get(type(policy))
+    return {NoCap: L.NOCAP, FixedCap: L.FIXED, DLFP: L.DLFP, DLFPG: L.DLFPG}.get(type(policy))
 
 
 def unsupported(engine) -> str | None:
@@ -99,6 +100,11 @@ def _int_config(engine, kind: int, concurrency: int | None) -> np.ndarray:
             L.C_LAYERS: dm.layers, L.C_TP: dm.tp, L.C_NQ: nq, L.C_NKV: nkv, L.C_SMS: dm.att.sms}
     if kind == L.DLFP:
         vals.update({L.C_MINCAP: pol.min_cap, L.C_MAXCAP: pol.max_cap, L.C_QUANTUM: pol.quantum})
+    if kind == L.DLFPG:
+        o = pol.options
+        vals.update({L.C_G_MIN: pol.min_chunk, L.C_G_MAX: pol.max_chunk, L.C_G_Q: pol.quantum,
+                     L.C_G_WARM: o.warmup_samples, L.C_G_CTX: pol.estimator.use_context, L.C_G_EST: o.use_estimate,
+                     L.C_G_GUARD: o.use_ttft_guard, L.C_G_BUDGET: pol.ttft_budget_s is not None})
     for k, v in vals.items():
         ci[k] = int(v)
     return ci
@@ -129,6 +135,10 @@ def _float_config(engine, kind: int) -> np.ndarray:
                      L.F_OUT_TOK: fe.output_per_token_s})
     if kind == L.DLFP:
         vals.update({L.F_TARGET: pol.target_s, L.F_GAIN: pol.gain})
+    if kind == L.DLFPG:
+        vals.update({L.F_G_ITL: pol.itl_target_s, L.F_G_AIM: pol.aim_s, L.F_G_TTFT: pol.ttft_budget_s or 0.0,
+                     L.F_G_TRUST: pol.options.trust_factor, L.F_G_GUARDF: pol.options.ttft_guard_factor,
+                     L.F_G_LAM: pol.estimator.lam})
     for k, v in vals.items():
         cf[k] = float(v)
     return cf
@@ -161,8 +171,25 @@ def _state(engine, P: np.ndarray, M: np.ndarray, arrival: np.ndarray, concurrenc
     toff = np.concatenate(([0], np.cumsum(M)[:-1])).astype(np.int64)
     st = (rq, seg, stack, np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64), np.zeros((width, 5), np.int64),
           np.zeros((L.NSLOT, width, 2), np.int64), np.zeros((L.NSLOT, 2), np.int64), np.zeros(L.NSLOT), send, vis,
-          release, np.full(int(M.sum()), np.nan), toff)
+          release, np.full(int(M.sum()), np.nan), toff, _dlfpg_state(engine.policy))
     return st, si, np.zeros(L.NUM_T)
+
+
+def _dlfpg_state(policy) -> tuple:
+    """DLFP-G's state as arrays (``dlfp.backends.sim.compiled.dlfpg``), from the policy as it is; placeholders of
+    the same types for any other policy (one compiled signature for all)."""
+    from dlfp.policies.dlfpg import REASONS
+
+    gi = np.zeros(L.NUM_GI, np.int64)
+    ich, irs = np.zeros(L.G_ISSUED, np.int64), np.zeros(L.G_ISSUED, np.int64)
+    if policy_kind(policy) != L.DLFPG:
+        return np.zeros(1), np.zeros((1, 1)), gi, np.zeros(1), ich, irs
+    e = policy.estimator
+    gi[[L.GI_SAMPLES, L.GI_PREFILL_SAMPLES, L.GI_LARGEST, L.GI_CHUNK, L.GI_GRANTS, L.GI_LEN]] = (
+        e.samples, e.prefill_samples, e.largest_prefill, policy.chunk, policy.guard_grants, len(policy._issued))
+    for j, (c, r) in enumerate(policy._issued):
+        ich[j], irs[j] = c, REASONS.index(r)
+    return np.array(e.theta, float), np.array(e.P, float), gi, np.array([e.largest_prefill_s], float), ich, irs
 
 
 _ERRORS = {L.ERR_STUCK: "engine cannot schedule any request (KV cache too small?)",
@@ -202,7 +229,7 @@ def run(engine, requests, progress=None, concurrency: int | None = None):
     if si[L.S_ERR]:
         _raise(int(si[L.S_ERR]), engine, rows, si)
     rows = rows[:si[L.S_IT]]
-    _finish_policy(engine.policy, kind, rows, si)
+    _finish_policy(engine.policy, kind, rows, si, st[14])
     rq, times, toff = st[0], st[12], st[13]
     token_times = [t.tolist() for t in np.split(times, toff[1:])] if n else []
     end_s = max((t[-1] for t in token_times if t), default=float(sf[L.T_NOW]))
@@ -238,10 +265,28 @@ def iteration_frame(rows: np.ndarray, signal: str) -> pd.DataFrame:
     return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
 
 
-def _finish_policy(policy, kind: int, rows: np.ndarray, si: np.ndarray) -> None:
+def _finish_dlfpg(policy, g: tuple) -> None:
+    """DLFP-G's state back from its arrays (estimator, proportional chunk, guard grants, issued chunks)."""
+    from dlfp.policies.dlfpg import REASONS
+
+    th, P, gi, lp, ich, irs = g
+    e = policy.estimator
+    e.theta, e.P, e.largest_prefill_s = th.tolist(), P.tolist(), float(lp[0])
+    e.samples, e.prefill_samples, e.largest_prefill = (int(gi[k]) for k in (L.GI_SAMPLES, L.GI_PREFILL_SAMPLES,
+                                                                            L.GI_LARGEST))
+    policy.chunk, policy.guard_grants = int(gi[L.GI_CHUNK]), int(gi[L.GI_GRANTS])
+    policy._issued.clear()
+    for m in range(int(gi[L.GI_LEN])):
+        j = (int(gi[L.GI_HEAD]) + m) % L.G_ISSUED
+        policy._issued.append((int(ich[j]), REASONS[int(irs[j])]))
+
+
+def _finish_policy(policy, kind: int, rows: np.ndarray, si: np.ndarray, g: tuple) -> None:
     """Leave ``policy`` as the reference path would: its final cap and one ``Decision`` per observation."""
     if kind == L.DLFP:
         policy.cap = int(si[L.S_CAP])
+    if kind == L.DLFPG:
+        _finish_dlfpg(policy, g)
     obs = rows[rows[:, L.W_REASON] >= 0]
     if not len(obs):
         return

@@ -1,16 +1,19 @@
 """The engine loops, compiled: ``dlfp.backends.sim.engine._Run`` (schedule and update half-steps, the API server's
-queue, the sync and async loops) and the policies NoCap, FixedCap and DLFP, over arrays (same arithmetic, same
-order). ``st`` is the tuple of per-run arrays that ``dlfp.backends.sim.compiled.run`` builds:
-``(rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff)``."""
+queue, the sync and async loops) and the policies NoCap, FixedCap and DLFP (DLFP-G in ``dlfpg``), over arrays (same
+arithmetic, same order). ``st`` is the tuple of per-run arrays that ``dlfp.backends.sim.compiled.run`` builds:
+``(rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g)``, ``g`` DLFP-G's
+state."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from dlfp.backends.sim.compiled import dlfpg
 from dlfp.backends.sim.compiled.device import device_time
 from dlfp.backends.sim.compiled.layout import (
     C_ASYNC, C_CONC, C_EAGER, C_FE, C_FIXCAP, C_GMAX, C_HOSTSIG, C_MAXCAP, C_MAXSTEPS, C_MINCAP,
-    C_POLICY, C_QUANTUM, C_TP, DLFP, ERR_IDLE, ERR_INTERVAL, ERR_STEPS, ERR_STUCK, FINISHED, FIXED,
+    C_POLICY, C_QUANTUM, C_TP, DLFP, DLFPG, W_DCTX, W_PPAIRS,
+    ERR_IDLE, ERR_INTERVAL, ERR_STEPS, ERR_STUCK, FINISHED, FIXED,
     F_BK_BASE, F_BK_REQ, F_EAGER, F_FE_OUT, F_GAIN, F_GRAPH, F_IDLE, F_INGEST, F_LOOP, F_OUT_S,
     F_OUT_TOK, F_PIECEWISE, F_PREP_BASE, F_PREP_REQ, F_PREP_TOK, F_REQ_S, F_REQ_TOK, F_SAMPLE_LAUNCH,
     F_SCHED_BASE, F_SCHED_REQ, F_TARGET, F_TDP, F_TOKENIZE, F_TOK_WINDOW, F_UP_BASE, F_UP_REQ, INF,
@@ -19,7 +22,9 @@ from dlfp.backends.sim.compiled.layout import (
     T_NOW, T_TOKFREE, W_CAP, W_CAP_AFTER, W_CAP_BEFORE, W_DEV, W_END, W_ENERGY, W_GUARDED, W_HOST_IV,
     W_ISSUE, W_IT, W_ND, W_NPF, W_OBS_IV, W_OBS_T, W_PROCESSED, W_PTOK, W_REASON, W_SCHED, W_START
 )
-from dlfp.backends.sim.compiled.scheduler import finish, scheduler_step, wait_push
+from dlfp.backends.sim.compiled.scheduler import (
+    finish, prefill_cap, schedule_inputs, scheduler_step, wait_push,
+)
 
 
 @njit(cache=True)
@@ -51,7 +56,7 @@ def frontend_until(ci, cf, si, sf, rq, send, vis, t):
 
 # ---------------------------------------------------------------- the policy's observation
 @njit(cache=True)
-def observe(ci, cf, si, rows, k, now):
+def observe(ci, cf, si, g, rows, k, now):
     """``_Run.observe`` of iteration ``k`` at ``now``, with the policy's update and decision in ``rows[k]``."""
     host_sig = ci[C_HOSTSIG]
     if host_sig:
@@ -59,6 +64,12 @@ def observe(ci, cf, si, rows, k, now):
     else:
         iv = rows[k, W_END] - rows[k, W_START] if rows[k, W_PROCESSED] else np.nan
     kind = ci[C_POLICY]
+    if kind == DLFPG:
+        if not dlfpg.observe(ci, cf, g, rows[k], iv):
+            si[S_ERR] = ERR_INTERVAL
+        rows[k, W_OBS_IV] = iv
+        rows[k, W_OBS_T] = now
+        return
     before = -1
     after = -1
     reason = 0
@@ -89,8 +100,8 @@ def observe(ci, cf, si, rows, k, now):
 def batch_row(ci, cf, sf, tab, ent, ne, rows, k, now, tnow, cap):
     """Features, device time, launch and energy of a non-empty schedule, written to ``rows[k]`` (``_Run.schedule``
     after ``Scheduler.schedule``); returns when the host is free again (s)."""
-    tokens = sampled = ptok = npf = nd = 0
-    pairs = kv = 0.0
+    tokens = sampled = ptok = npf = nd = dctx = 0
+    pairs = kv = ppairs = 0.0
     for j in range(ne):
         kk, c = ent[j, 1], ent[j, 2]
         tokens += kk
@@ -100,10 +111,12 @@ def batch_row(ci, cf, sf, tab, ent, ne, rows, k, now, tnow, cap):
             nd += 1
             pairs += c + 1
             kv += c
+            dctx += c
         else:
             npf += 1
             ptok += kk
             pairs += kk * c + kk * (kk + 1) * 0.5
+            ppairs += kk * c + kk * (kk + 1) * 0.5
             kv += c
     dt, util = device_time(ci, cf, tab, ent[:, 1], ent[:, 2], ent[:, 3], ne, tokens, sampled, pairs, kv, npf, nd)
     issue = tnow + cf[F_PREP_BASE] + cf[F_PREP_REQ] * ne + cf[F_PREP_TOK] * tokens
@@ -126,22 +139,27 @@ def batch_row(ci, cf, sf, tab, ent, ne, rows, k, now, tnow, cap):
     row[W_IT], row[W_SCHED], row[W_PTOK], row[W_NPF], row[W_ND] = k, now, ptok, npf, nd
     row[W_CAP], row[W_CAP_AFTER], row[W_GUARDED] = cap, -1, cap >= 0 and nd > 0 and ptok > 0
     row[W_DEV], row[W_ISSUE], row[W_START], row[W_END], row[W_ENERGY] = span, issue, start, end, energy
-    row[W_PROCESSED], row[W_CAP_BEFORE], row[W_REASON] = 0, -1, -1
+    row[W_PROCESSED], row[W_CAP_BEFORE], row[W_REASON], row[W_PPAIRS], row[W_DCTX] = 0, -1, -1, ppairs, dctx
     return issue + launch + cf[F_SAMPLE_LAUNCH]
 
 
 @njit(cache=True)
 def schedule(ci, cf, si, sf, tab, st, rows, now, slot):
     """``_Run.schedule`` at ``now`` into batch slot ``slot``; returns whether anything was scheduled."""
-    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff = st
+    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g = st
     si[S_CALLS] += 1
     last = si[S_LAST]
     if last >= 0:
         rows[last, W_HOST_IV] = now - rows[last, W_SCHED]
         if ci[C_HOSTSIG]:
-            observe(ci, cf, si, rows, last, now)
+            observe(ci, cf, si, g, rows, last, now)
         si[S_LAST] = -1
-    ne, cap = scheduler_step(ci, si, rq, seg, stack, wq, running, ent)
+    if ci[C_POLICY] == DLFPG:
+        ndec, waited, remaining, pctx, dctx = schedule_inputs(si, rq, wq, running, send, now)
+        cap = dlfpg.cap(ci, cf, g, ndec, waited, remaining, pctx, dctx)
+    else:
+        cap = prefill_cap(ci, si, rq, running)
+    ne = scheduler_step(ci, si, rq, seg, stack, wq, running, ent, cap)
     tnow = now + cf[F_SCHED_BASE] + cf[F_SCHED_REQ] * (si[S_NRUN] + ne)
     for j in range(ne):
         bent[slot, j, 0] = ent[j, 0]
@@ -164,7 +182,7 @@ def schedule(ci, cf, si, sf, tab, st, rows, now, slot):
 @njit(cache=True)
 def free_slot(ci, cf, si, st, now):
     """``_Run.free_slot``: a closed loop's client slot freed at ``now`` sends the next request."""
-    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff = st
+    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g = st
     j = si[S_NEXT_SEND]
     if j < send.shape[0]:
         sent = release[j] if release[j] > now else now
@@ -177,7 +195,7 @@ def free_slot(ci, cf, si, st, now):
 @njit(cache=True)
 def update(ci, cf, si, sf, st, rows, slot):
     """``_Run.update`` of batch slot ``slot``: emit its sampled tokens, finish completed requests."""
-    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff = st
+    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g = st
     n = bmeta[slot, 0]
     tend = sf[T_NOW] + cf[F_BK_BASE] + cf[F_BK_REQ] * n + cf[F_UP_BASE] + cf[F_UP_REQ] * n
     if not ci[C_FE]:
@@ -212,14 +230,14 @@ def update(ci, cf, si, sf, st, rows, slot):
     if k >= 0:
         rows[k, W_PROCESSED] = 1
         if not ci[C_HOSTSIG]:
-            observe(ci, cf, si, rows, k, tend)
+            observe(ci, cf, si, g, rows, k, tend)
 
 
 # ---------------------------------------------------------------- the loops
 @njit(cache=True)
 def next_visible(ci, cf, si, sf, st):
     """``_Run.next_visible``: when the next request not yet admitted reaches the engine (s)."""
-    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff = st
+    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g = st
     a = si[S_NEXT_ARR]
     if ci[C_FE] and si[S_FE_NEXT] == a and send[a] != INF:
         frontend_until(ci, cf, si, sf, rq, send, vis, send[a])
@@ -229,7 +247,7 @@ def next_visible(ci, cf, si, sf, st):
 @njit(cache=True)
 def admit(ci, cf, si, sf, st):
     """``_Run.admit``: every request visible by now joins the waiting queue."""
-    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff = st
+    rq, seg, stack, wq, running, ent, bent, bmeta, bdone, send, vis, release, times, toff, g = st
     frontend_until(ci, cf, si, sf, rq, send, vis, sf[T_NOW])
     a = si[S_NEXT_ARR]
     n = send.shape[0]

@@ -279,10 +279,34 @@ def schedule_waiting(ci, si, rq, seg, stack, wq, running, ent, ne, budget, pcap)
 
 
 @njit(cache=True)
-def scheduler_step(ci, si, rq, seg, stack, wq, running, ent):
-    """``Scheduler.schedule``: fills ``ent`` (``request, tokens, computed, decode, samples``) and returns
-    ``(entries, cap)`` (cap -1: none)."""
-    cap = prefill_cap(ci, si, rq, running)
+def schedule_inputs(si, rq, wq, running, arrival, now):
+    """What ``Scheduler._prefill_cap`` and ``_context`` give a policy with ``wants_context``: ``(decodes, waited,
+    remaining, prefill context, decode context)``; ``waited`` (s) is NaN when no request waits for a first token."""
+    ndec = 0
+    dctx = 0
+    pctx = -1
+    oldest = wq[si[S_WHEAD]] if si[S_NWAIT] > 0 else -1
+    for m in range(si[S_NRUN]):
+        r = running[m]
+        if in_decode(rq, r):
+            ndec += 1
+            dctx += rq[r, R_COMP]
+        else:
+            if pctx < 0:
+                pctx = rq[r, R_COMP]
+            if rq[r, R_OUT] == 0 and (oldest < 0 or arrival[r] < arrival[oldest]):
+                oldest = r
+    if pctx < 0:
+        pctx = rq[wq[si[S_WHEAD]], R_COMP] if si[S_NWAIT] > 0 else 0
+    if oldest < 0:
+        return ndec, np.nan, 0, pctx, dctx
+    return ndec, now - arrival[oldest], max(0, rq[oldest, R_P] - rq[oldest, R_COMP]), pctx, dctx
+
+
+@njit(cache=True)
+def scheduler_step(ci, si, rq, seg, stack, wq, running, ent, cap):
+    """``Scheduler.schedule`` under the policy's ``cap`` (-1: none): fills ``ent`` (``request, tokens, computed,
+    decode, samples``) and returns the number of entries."""
     pcap = cap if cap >= 0 else np.int64(1) << 62
     ne, budget, pcap, preempted = schedule_running(ci, si, rq, seg, stack, wq, running, ent, ci[C_BUDGET], pcap)
     if not preempted:
@@ -295,4 +319,4 @@ def scheduler_step(ci, si, rq, seg, stack, wq, running, ent):
         if smp and asy:
             rq[r, R_PH] += 1
         ent[j, 4] = smp
-    return ne, cap
+    return ne
