@@ -9,7 +9,6 @@ import heapq
 import math
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +22,9 @@ from dlfp.devices import roofline as cm
 from dlfp.devices.frontend import frontend_costs
 from dlfp.policies.base import decisions_frame
 from dlfp.policies.dlfpg import DLFPG
+from test_sim import Req
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Req:
-    request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
 
 
 def workload(n: int = 60, rate: float = 4.0, seed: int = 5) -> list[Req]:
