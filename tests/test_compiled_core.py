@@ -193,3 +193,4 @@ def test_attention_times_equal_the_attention_model(model, tp):
     for d, ctx in ((1, 1), (3, 129), (64, 5000), (256, 40000)):
         assert cdev.decode_time(ci, cf, d, ctx) == dm._decode_time(d, ctx)
         assert math.isclose(dm._decode_time(d, ctx), dm.att.decode_time(d, ctx, tp), rel_tol=1e-12)
+

@@ -360,6 +360,27 @@ _FRAME_FIELDS = ("iteration", "schedule_s", "prefill_tokens", "num_prefills", "n
                  "device_end_s", "energy_j")
 
 
+#: dtype of every ``ITERATION_COLUMNS`` column but the caps and the signal
+_FRAME_DTYPES = (("iteration", np.int64), ("schedule_s", float), ("prefill_tokens", np.int64),
+                 ("num_prefills", np.int64), ("num_decodes", np.int64), ("guarded", bool),
+                 ("observed_interval_s", float), ("host_interval_s", float), ("device_time_s", float),
+                 ("issue_s", float), ("device_start_s", float), ("device_end_s", float), ("energy_j", float))
+
+
+def iteration_frame(columns, cap, cap_after, signal: str) -> pd.DataFrame:
+    """The ``ITERATION_COLUMNS`` frame of one run, from its columns (both paths build it here).
+
+    Args:
+        columns: a sequence of values per ``_FRAME_DTYPES`` name (``host_interval_s`` NaN where unknown).
+        cap, cap_after: the two cap columns as nullable ``Int64`` arrays (missing: no cap).
+        signal: the policy's signal, repeated on every row.
+    """
+    data = {name: np.asarray(columns[name], dtype=dtype) for name, dtype in _FRAME_DTYPES}
+    data["cap"], data["cap_after"] = cap, cap_after
+    data["signal"] = pd.array([signal] * len(data["iteration"]), dtype="string")
+    return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
+
+
 def _iteration_frame(rows: list[_Iteration], signal: str) -> pd.DataFrame:
     """The ``ITERATION_COLUMNS`` frame of the executed iterations, in execution order."""
     cols = dict(zip(_FRAME_FIELDS, zip(*map(attrgetter(*_FRAME_FIELDS), rows)) if rows else [()] * 15))
@@ -367,14 +388,8 @@ def _iteration_frame(rows: list[_Iteration], signal: str) -> pd.DataFrame:
     def caps(name: str):
         return pd.array([None if v is None else int(v) for v in cols[name]], dtype="Int64")
 
-    data = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in (
-        ("iteration", np.int64), ("schedule_s", float), ("prefill_tokens", np.int64), ("num_prefills", np.int64),
-        ("num_decodes", np.int64), ("guarded", bool), ("observed_interval_s", float), ("device_time_s", float),
-        ("issue_s", float), ("device_start_s", float), ("device_end_s", float), ("energy_j", float))}
-    data["cap"], data["cap_after"] = caps("cap"), caps("cap_after")
-    data["signal"] = pd.array([signal] * len(rows), dtype="string")
-    data["host_interval_s"] = np.asarray([_NAN if v is None else v for v in cols["host_interval_s"]], dtype=float)
-    return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
+    cols["host_interval_s"] = [_NAN if v is None else v for v in cols["host_interval_s"]]
+    return iteration_frame(cols, caps("cap"), caps("cap_after"), signal)
 
 
 def check_engine_args(policy, scheduling: str, **limits: int) -> None:

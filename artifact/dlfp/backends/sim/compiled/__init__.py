@@ -196,7 +196,7 @@ _ERRORS = {L.ERR_STUCK: "engine cannot schedule any request (KV cache too small?
            L.ERR_IDLE: "engine idle with unfinished requests (internal error)"}
 
 
-def _raise(err: int, engine, rows: np.ndarray, si: np.ndarray) -> None:
+def _raise(err: int, engine, si: np.ndarray) -> None:
     """The reference path's exception for error code ``err``."""
     if err == L.ERR_STEPS:
         raise RuntimeError(f"simulation exceeded {engine.max_steps} engine steps without finishing")
@@ -227,7 +227,7 @@ def run(engine, requests, progress=None, concurrency: int | None = None):
     rows = np.empty((max(1024, int(M.sum()) // 4), L.NUM_W))
     rows = simulate(_int_config(engine, kind, concurrency), _float_config(engine, kind), si, sf, tab, st, rows)
     if si[L.S_ERR]:
-        _raise(int(si[L.S_ERR]), engine, rows, si)
+        _raise(int(si[L.S_ERR]), engine, si)
     rows = rows[:si[L.S_IT]]
     _finish_policy(engine.policy, kind, rows, si, st[14])
     rq, times, toff = st[0], st[12], st[13]
@@ -250,19 +250,19 @@ def _caps(col: np.ndarray):
     return pd.arrays.IntegerArray(np.where(col < 0, 0, col).astype(np.int64), col < 0)
 
 
-def iteration_frame(rows: np.ndarray, signal: str) -> pd.DataFrame:
-    """The ``ITERATION_COLUMNS`` frame of compiled iteration rows (``dlfp.backends.sim.engine._iteration_frame``)."""
-    from dlfp.traces.format import ITERATION_COLUMNS
+#: the row field of each iteration-frame column (``dlfp.backends.sim.engine.iteration_frame``)
+_FRAME_COLUMNS = {"iteration": L.W_IT, "schedule_s": L.W_SCHED, "prefill_tokens": L.W_PTOK, "num_prefills": L.W_NPF,
+                  "num_decodes": L.W_ND, "guarded": L.W_GUARDED, "observed_interval_s": L.W_OBS_IV,
+                  "host_interval_s": L.W_HOST_IV, "device_time_s": L.W_DEV, "issue_s": L.W_ISSUE,
+                  "device_start_s": L.W_START, "device_end_s": L.W_END, "energy_j": L.W_ENERGY}
 
-    data = {name: rows[:, w].astype(dtype) for name, w, dtype in (
-        ("iteration", L.W_IT, np.int64), ("schedule_s", L.W_SCHED, float), ("prefill_tokens", L.W_PTOK, np.int64),
-        ("num_prefills", L.W_NPF, np.int64), ("num_decodes", L.W_ND, np.int64), ("guarded", L.W_GUARDED, bool),
-        ("observed_interval_s", L.W_OBS_IV, float), ("device_time_s", L.W_DEV, float), ("issue_s", L.W_ISSUE, float),
-        ("device_start_s", L.W_START, float), ("device_end_s", L.W_END, float), ("energy_j", L.W_ENERGY, float),
-        ("host_interval_s", L.W_HOST_IV, float))}
-    data["cap"], data["cap_after"] = _caps(rows[:, L.W_CAP]), _caps(rows[:, L.W_CAP_AFTER])
-    data["signal"] = pd.array([signal] * len(rows), dtype="string")
-    return pd.DataFrame(data)[list(ITERATION_COLUMNS)]
+
+def iteration_frame(rows: np.ndarray, signal: str) -> pd.DataFrame:
+    """The ``ITERATION_COLUMNS`` frame of compiled iteration rows."""
+    from dlfp.backends.sim.engine import iteration_frame as frame
+
+    return frame({name: rows[:, w] for name, w in _FRAME_COLUMNS.items()}, _caps(rows[:, L.W_CAP]),
+                 _caps(rows[:, L.W_CAP_AFTER]), signal)
 
 
 def _finish_dlfpg(policy, g: tuple) -> None:
@@ -296,6 +296,6 @@ def _finish_policy(policy, kind: int, rows: np.ndarray, si: np.ndarray, g: tuple
 
     sig = policy.signal
     policy.decisions.extend(
-        Decision(int(it), t, cap(b), cap(a), iv, sig, int(pt), int(nd), bool(g), L.REASONS[int(rs)])
-        for it, t, b, a, iv, pt, nd, g, rs in obs[:, [L.W_IT, L.W_OBS_T, L.W_CAP_BEFORE, L.W_CAP_AFTER, L.W_OBS_IV,
+        Decision(int(it), t, cap(b), cap(a), iv, sig, int(pt), int(nd), bool(gd), L.REASONS[int(rs)])
+        for it, t, b, a, iv, pt, nd, gd, rs in obs[:, [L.W_IT, L.W_OBS_T, L.W_CAP_BEFORE, L.W_CAP_AFTER, L.W_OBS_IV,
                                                    L.W_PTOK, L.W_ND, L.W_GUARDED, L.W_REASON]].tolist())

@@ -11,7 +11,7 @@ from numba import njit
 from dlfp.backends.sim.compiled import dlfpg
 from dlfp.backends.sim.compiled.device import device_time
 from dlfp.backends.sim.compiled.layout import (
-    C_ASYNC, C_CONC, C_EAGER, C_FE, C_FIXCAP, C_GMAX, C_HOSTSIG, C_MAXCAP, C_MAXSTEPS, C_MINCAP,
+    C_ASYNC, C_CONC, C_FE, C_FIXCAP, C_GMAX, C_HOSTSIG, C_MAXCAP, C_MAXSTEPS, C_MINCAP,
     C_POLICY, C_QUANTUM, C_TP, DLFP, DLFPG, W_DCTX, W_PPAIRS,
     ERR_IDLE, ERR_INTERVAL, ERR_STEPS, ERR_STUCK, FINISHED, FIXED,
     F_BK_BASE, F_BK_REQ, F_EAGER, F_FE_OUT, F_GAIN, F_GRAPH, F_IDLE, F_INGEST, F_LOOP, F_OUT_S,
@@ -120,7 +120,7 @@ def batch_row(ci, cf, sf, tab, ent, ne, rows, k, now, tnow, cap):
             kv += c
     dt, util = device_time(ci, cf, tab, ent[:, 1], ent[:, 2], ent[:, 3], ne, tokens, sampled, pairs, kv, npf, nd)
     issue = tnow + cf[F_PREP_BASE] + cf[F_PREP_REQ] * ne + cf[F_PREP_TOK] * tokens
-    if ci[C_EAGER] or tokens > ci[C_GMAX]:
+    if tokens > ci[C_GMAX]:  # HostCosts.launch_rule at its three outcomes (all eager with enforce_eager)
         launch = cf[F_EAGER]
     else:
         launch = cf[F_GRAPH] if npf == 0 else cf[F_PIECEWISE]

@@ -11,14 +11,14 @@ import numpy as np
 
 INF = np.inf
 NOCAP, FIXED, DLFP, DLFPG = 0, 1, 2, 3  # policy kinds with a compiled form
-WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3  # as dlfp.backends.sim.scheduler
+RUNNING, PREEMPTED, FINISHED = 1, 2, 3  # as dlfp.backends.sim.scheduler (WAITING is 0)
 # request fields
 R_P, R_M, R_COMP, R_OUT, R_PH, R_BLK, R_ST, R_PRE, R_CFULL, R_FSEG = range(10)
 # integer configuration
 (C_BUDGET, C_MAXSEQ, C_BS, C_MAXLEN, C_ASYNC, C_PREFIX, C_CONC, C_MAXSTEPS, C_POLICY, C_HOSTSIG, C_FIXCAP,
- C_MINCAP, C_MAXCAP, C_QUANTUM, C_FE, C_TEXT, C_EAGER, C_GMAX, C_LAYERS, C_TP, C_NQ, C_NKV, C_SMS,
- C_G_MIN, C_G_MAX, C_G_Q, C_G_WARM, C_G_CTX, C_G_EST, C_G_GUARD, C_G_BUDGET) = range(31)
-NUM_C = 31
+ C_MINCAP, C_MAXCAP, C_QUANTUM, C_FE, C_GMAX, C_LAYERS, C_TP, C_NQ, C_NKV, C_SMS,
+ C_G_MIN, C_G_MAX, C_G_Q, C_G_WARM, C_G_CTX, C_G_EST, C_G_GUARD, C_G_BUDGET) = range(29)
+NUM_C = 29
 # float configuration
 (F_INGEST, F_SCHED_BASE, F_SCHED_REQ, F_PREP_BASE, F_PREP_REQ, F_PREP_TOK, F_SAMPLE_LAUNCH, F_BK_BASE, F_BK_REQ,
  F_UP_BASE, F_UP_REQ, F_FE_OUT, F_LOOP, F_GRAPH, F_PIECEWISE, F_EAGER, F_REQ_S, F_REQ_TOK, F_TOKENIZE, F_OUT_S,
@@ -50,7 +50,7 @@ G_ISSUED = 64
 # free-block segments
 G_OWNER, G_CNT, G_PREV, G_NEXT = range(4)
 # errors (S_ERR), raised by the caller with the reference path's messages
-ERR_STUCK, ERR_STEPS, ERR_IDLE, ERR_INTERVAL, ERR_ROWS = 1, 2, 3, 4, 5
+ERR_STUCK, ERR_STEPS, ERR_IDLE, ERR_INTERVAL = 1, 2, 3, 4
 # batch slots of the in-flight queue (depth 2, plus the one being scheduled)
 NSLOT = 3
 
