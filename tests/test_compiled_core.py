@@ -194,3 +194,23 @@ def test_attention_times_equal_the_attention_model(model, tp):
         assert cdev.decode_time(ci, cf, d, ctx) == dm._decode_time(d, ctx)
         assert math.isclose(dm._decode_time(d, ctx), dm.att.decode_time(d, ctx, tp), rel_tol=1e-12)
 
+
+def test_cached_machine_code_is_dropped_when_any_source_of_the_core_changes(tmp_path, monkeypatch):
+    # numba keys its cache by each function's own file; the core reads layout constants across files
+    import shutil
+
+    pkg = Path(compiled.__file__).parent
+    for f in pkg.glob("*.py"):
+        shutil.copy(f, tmp_path / f.name)
+    monkeypatch.setattr(compiled, "__file__", str(tmp_path / "__init__.py"))
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    (cache / "engine.simulate-1.py311.nbi").write_text("stale")
+    compiled._drop_stale_cache()
+    assert not (cache / "engine.simulate-1.py311.nbi").exists()
+    (cache / "engine.simulate-1.py311.nbi").write_text("fresh")
+    compiled._drop_stale_cache()  # the sources are as they were: the cache stays
+    assert (cache / "engine.simulate-1.py311.nbi").exists()
+    (tmp_path / "layout.py").write_text((tmp_path / "layout.py").read_text() + "\n# edited\n")
+    compiled._drop_stale_cache()
+    assert not (cache / "engine.simulate-1.py311.nbi").exists()

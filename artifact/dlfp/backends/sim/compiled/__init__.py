@@ -15,12 +15,47 @@ from __future__ import annotations
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dlfp.backends.sim.compiled import layout as L
 from dlfp.policies.base import Decision
+
+def _drop_stale_cache() -> None:
+    """Delete numba's cached machine code of this package when any of its sources changed since it was compiled.
+
+    numba keys a cached function by its own file alone, while these functions read constants from ``layout`` and
+    the DLFP-G estimator and call each other across files: an edit there would leave stale code in use. The sha256
+    of all of them is kept beside the cache (``__pycache__/dlfp-compiled.sha256``); unreadable or unwritable, the
+    cache is left as numba keeps it.
+    """
+    from dlfp.fingerprint import file_sha256, listing_sha256
+    from dlfp.policies.dlfpg import estimator
+
+    here = Path(__file__).resolve().parent
+    sources = sorted(here.glob("*.py")) + [Path(estimator.__file__).resolve()]
+    digest = listing_sha256((p.name, file_sha256(p)) for p in sources)
+    cache = here / "__pycache__"
+    stamp = cache / "dlfp-compiled.sha256"
+    try:
+        if stamp.read_text() == digest:
+            return
+    except OSError:
+        pass
+    try:
+        for f in cache.glob("*.nb[ci]"):
+            f.unlink(missing_ok=True)
+        cache.mkdir(exist_ok=True)
+        tmp = cache / f"dlfp-compiled.sha256.{os.getpid()}"
+        tmp.write_text(digest)
+        tmp.replace(stamp)
+    except OSError:
+        pass
+
+
+_drop_stale_cache()
 
 #: environment variable that picks the path: ``compiled`` (default) or ``reference``
 CORE_ENV = "DLFP_SIM_CORE"
