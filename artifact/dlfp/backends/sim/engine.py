@@ -4,9 +4,8 @@ Two clocks run side by side:
 
 * the HOST timeline (the EngineCore thread): process the input queue,
   ``schedule()``, prepare inputs, launch kernels, wait, ``update_from_output``;
-* the DEVICE timeline: batches run one after another in issue order; a batch
-  starts at ``max(issue, previous batch's end)`` and lasts the cost model's time
-  (but cannot end before the host has launched its last kernel).
+* the DEVICE timeline: batches run one after another in issue order; a batch starts at ``max(issue, previous
+  batch's end)`` and lasts the cost model's time (but cannot end before the host has launched its last kernel).
 
 Loops (``vllm/v1/engine/core.py``):
 

@@ -18,6 +18,8 @@ Inputs: ``requests.csv`` and ``phases.csv`` of ``dlfp.studies.frontend.measure``
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -38,11 +40,21 @@ def per_request(single: pd.DataFrame, u: float) -> dict[str, tuple[float, float]
     """``{endpoint: (r0, r1)}`` (s, s per prompt token) fitted on the one-token requests at ``FIT_PROMPTS``."""
     out = {}
     one = single[single.output_tokens == single.output_tokens.min()]
+    lo, hi = FIT_PROMPTS
     for ep, g in one.groupby("endpoint"):
-        fit = g[g.prompt_tokens.isin(FIT_PROMPTS)]
-        r1, r0 = np.polyfit(fit.prompt_tokens.to_numpy(float), fit.api_cpu_s.to_numpy(float) - u, 1)
-        out[ep] = (max(0.0, float(r0)), max(0.0, float(r1)))
+        # Least squares over two prompt lengths is the line through the two groups' means; exactly rounded sums
+        # (math.fsum) keep the fit identical on every host, where LAPACK's polyfit differs in the last bits.
+        y_lo, y_hi = (_mean(g.api_cpu_s[g.prompt_tokens == p] - u) for p in (lo, hi))
+        r1 = (y_hi - y_lo) / (hi - lo)
+        out[ep] = (max(0.0, y_lo - r1 * lo), max(0.0, r1))
     return out
+
+
+def _mean(x: pd.Series) -> float:
+    """Exactly rounded mean of ``x`` (raises ``ValueError`` on an empty series: a fit length was not measured)."""
+    if x.empty:
+        raise ValueError("frontend fit: no one-token request at a fitted prompt length")
+    return math.fsum(x.to_numpy(float)) / len(x)
 
 
 def costs_of(req: dict, ep: str, out_s: float, out_tok_s: float) -> FrontendCosts:
@@ -67,7 +79,7 @@ def fit(requests: pd.DataFrame, phases: pd.DataFrame, calibrated_host: dict) -> 
     req = per_request(single, u)
     lc = phases[(phases.phase == "loaded") & (phases.endpoint == "completions")].iloc[0]
     loaded_req = requests[(requests.phase == "loaded") & (requests.endpoint == "completions")]
-    work = _work_s(costs_of(req, "completions", 0, 0), loaded_req.prompt_tokens).sum()
+    work = math.fsum(_work_s(costs_of(req, "completions", 0, 0), loaded_req.prompt_tokens))
     d = max(0.0, float((lc.api_cpu_s - work - lc.engine_outputs * u) / (lc.output_tokens - lc.engine_outputs)))
     c = max(0.0, u - d)
     eps = {"completions_ids": costs_of(req, "completions_ids", c, d),
@@ -90,7 +102,7 @@ def fit(requests: pd.DataFrame, phases: pd.DataFrame, calibrated_host: dict) -> 
     for ep in ("completions", "chat"):
         ph = phases[(phases.phase == "loaded") & (phases.endpoint == ep)].iloc[0]
         lr = requests[(requests.phase == "loaded") & (requests.endpoint == ep)]
-        model = float(_work_s(eps[ep], lr.prompt_tokens).sum() + ph.engine_outputs * c + ph.output_tokens * d)
+        model = math.fsum(_work_s(eps[ep], lr.prompt_tokens)) + ph.engine_outputs * c + ph.output_tokens * d
         rows.append({"quantity": f"API-server CPU, {int(ph.requests)} requests {int(ph.concurrency)} at a time",
                      "endpoint": ep, "prompt_tokens": int(lr.prompt_tokens.median()), "measured_s": ph.api_cpu_s,
                      "modelled_s": model, "role": "fitted" if ep == "completions" else "held out"})
