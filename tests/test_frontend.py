@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jinja2
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -124,8 +125,6 @@ def test_the_two_length_fit_is_numpys_least_squares():
     """The per-request line (exact sums, the same on every host) agrees with ``np.polyfit`` on the committed
     measurement to 1e-12 relative, and a hand-worked case: CPU 1 ms at 32 tokens and 3 ms at 2,048 (u = 0) gives
     2 ms / 2,016 tokens per token and 1 ms - 32 x that at zero tokens."""
-    import numpy as np
-
     single = pd.read_csv(MEASURED / "requests.csv").query("phase == 'single'")
     u = fit._one_token_output_s(single)
     one = single[single.output_tokens == single.output_tokens.min()]
@@ -137,6 +136,12 @@ def test_the_two_length_fit_is_numpys_least_squares():
                          "api_cpu_s": [0.9e-3, 1.1e-3, 3e-3]})
     r0, r1 = fit.per_request(hand, 0.0)["x"]
     assert r1 == pytest.approx(2e-3 / 2016) and r0 == pytest.approx(1e-3 - 32 * 2e-3 / 2016)
+
+
+def test_a_fit_length_without_requests_is_refused_naming_endpoint_and_length():
+    one = pd.DataFrame({"endpoint": "chat", "prompt_tokens": [32], "output_tokens": 1, "api_cpu_s": [1e-3]})
+    with pytest.raises(ValueError, match="chat at 2048 prompt tokens"):
+        fit.per_request(one, 0.0)
 
 
 def test_held_out_checks_stay_within_fifteen_percent():

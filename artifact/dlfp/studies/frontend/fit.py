@@ -44,16 +44,16 @@ def per_request(single: pd.DataFrame, u: float) -> dict[str, tuple[float, float]
     for ep, g in one.groupby("endpoint"):
         # Least squares over two prompt lengths is the line through the two groups' means; exactly rounded sums
         # (math.fsum) keep the fit identical on every host, where LAPACK's polyfit differs in the last bits.
-        y_lo, y_hi = (_mean(g.api_cpu_s[g.prompt_tokens == p] - u) for p in (lo, hi))
+        y_lo, y_hi = (_mean(g.api_cpu_s[g.prompt_tokens == p] - u, f"{ep} at {p} prompt tokens") for p in (lo, hi))
         r1 = (y_hi - y_lo) / (hi - lo)
         out[ep] = (max(0.0, y_lo - r1 * lo), max(0.0, r1))
     return out
 
 
-def _mean(x: pd.Series) -> float:
-    """Exactly rounded mean of ``x`` (raises ``ValueError`` on an empty series: a fit length was not measured)."""
+def _mean(x: pd.Series, what: str) -> float:
+    """Exactly rounded mean of ``x``; raises ``ValueError`` naming ``what`` when ``x`` is empty (not measured)."""
     if x.empty:
-        raise ValueError("frontend fit: no one-token request at a fitted prompt length")
+        raise ValueError(f"requests.csv: no one-token request of {what}")
     return math.fsum(x.to_numpy(float)) / len(x)
 
 
